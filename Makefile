@@ -1,0 +1,29 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each creates .venv and installs
+# what it needs. torch (CPU wheel, for calibration tests) is installed by `make test` only.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test dashboards clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.core: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.core
+	$(BIN)/simtrain compare
+
+test: $(VENV)/.test
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) dashboards/*.html

@@ -1,0 +1,383 @@
+"""Cost model: seconds, FLOPs and bytes of each pipeline stage (model chunk) for one microbatch.
+
+Everything here is per microbatch (``b`` sequences of ``s`` tokens) and per GPU of a TP group.
+
+FLOPs (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
+Using Megatron-LM", §5.1 / Appendix; split into F, I, W as in Qi et al. 2024, "Zero Bubble
+Pipeline Parallelism", Table 1): each linear layer of fan-in K and fan-out N costs ``2·K·N`` FLOPs
+per token in the forward pass (F), the same again for the input gradient (I) and again for the
+weight gradient (W). Attention scores (``Q·Kᵀ`` and ``softmax·V``) cost ``2·s·d`` FLOPs per token
+each in F, twice that in I, and nothing in W (so for GPT: F = sbh(24h+4s), I = sbh(24h+8s),
+W = sbh·24h, the Zero Bubble paper's Table 1). Durations divide by the profile's achieved FLOP/s.
+
+Activation memory (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", §4): the tensors each layer stores for its backward, counted element by
+element so that GPT-3 reproduces the paper's ``sbh(34 + 5as/h)`` bytes per layer; divided by tp
+under sequence parallelism. ``selective`` recomputation drops the ``5as/h`` attention-score term,
+``full`` stores only the layer input (``2sbh``). Memory that W still needs after I (Zero Bubble
+Table 1, ``M_W`` = 32sbh for GPT): the input of every linear layer plus the gradient of its output.
+
+Static memory per parameter (Rajbhandari et al. 2020, "ZeRO", §3.1): mixed-precision Adam keeps
+a 16-bit parameter and gradient (2 + 2 bytes) and fp32 master weights, momentum and variance
+(K = 12 bytes); ZeRO stage 1 divides the K bytes by the DP degree. In fp32 training the parameter
+and gradient take 4 bytes each and the optimizer 8.
+
+Tensor parallelism (Megatron-LM, Shoeybi et al. 2019; sequence parallelism, Korthikanti et al.
+2022 §4.2.2) divides every weight matrix, FLOP and (with sequence parallelism) activation by tp
+and adds, per layer, two all-gathers and two reduce-scatters of the ``s·b·h`` hidden states in F
+and again in I (two all-reduces each without sequence parallelism).
+
+Layers are split over stages as evenly as possible; when they do not divide evenly the extra
+layers go to the middle stages first, since the first stage also holds the embedding and the last
+the LM head and loss (the Llama 3 405B layout: 126 layers on 16 stages gives 7 layers to the first
+and last stage and 8 to the others, Dubey et al. 2024 §3.3.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .errors import SimtrainError
+from .hardware import HardwareProfile
+from .models import ModelSpec
+from .network import Topology, ring_all_reduce_s, ring_reduce_scatter_s
+from .parallel import ParallelConfig
+
+OPTIMIZER_BYTES_PER_PARAM = 28
+"""HBM bytes an Adam step reads and writes per parameter it updates (grad, master weight, m, v
+read; master weight, m, v, 16-bit weight written): the step is memory-bound."""
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    """Costs of one model chunk (a pipeline stage) for one microbatch on one GPU.
+
+    Attributes:
+        chunk: model chunk index (0 = holds the embedding).
+        layers: transformer layer indices in this chunk.
+        has_embedding, has_head: whether it holds the input embedding / the LM head and loss.
+        forward_s, backward_input_s, backward_weight_s: compute seconds of F, I and W
+            (I includes recomputation when enabled); B = I + W.
+        tp_forward_s, tp_backward_s: tensor-parallel collective seconds inside F and inside I.
+        forward_flops, backward_input_flops, backward_weight_flops: model FLOPs on this GPU
+            (no recomputation), for MFU.
+        activation_bytes: bytes stored by F and held until the backward.
+        weight_grad_bytes: bytes of that which W still needs after I (freed by W).
+        p2p_bytes: bytes of the activation this chunk sends on (= the gradient it receives).
+        params: parameters held by this GPU for this chunk.
+    """
+
+    chunk: int
+    layers: tuple[int, ...]
+    has_embedding: bool
+    has_head: bool
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    tp_forward_s: float
+    tp_backward_s: float
+    forward_flops: float
+    backward_input_flops: float
+    backward_weight_flops: float
+    activation_bytes: float
+    weight_grad_bytes: float
+    p2p_bytes: float
+    params: float
+
+    @property
+    def backward_s(self) -> float:
+        """Full backward compute seconds: B = I + W."""
+        return self.backward_input_s + self.backward_weight_s
+
+    @property
+    def model_flops(self) -> float:
+        """Model FLOPs of F + I + W for one microbatch on this GPU."""
+        return self.forward_flops + self.backward_input_flops + self.backward_weight_flops
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Costs of every model chunk plus what is per parameter.
+
+    Attributes:
+        chunks: one :class:`ChunkCost` per model chunk, in model order.
+        static_bytes_per_param: parameter + gradient + optimizer bytes per parameter held.
+        grad_bytes_per_param: bytes per parameter of the gradient that DP reduces.
+        optimizer_s_per_param: seconds of the optimizer step per parameter held.
+        tokens_per_microbatch: b x s.
+        fixed_op_times: True when durations were replaced by ``--op-times``.
+    """
+
+    chunks: tuple[ChunkCost, ...]
+    static_bytes_per_param: float
+    grad_bytes_per_param: float
+    optimizer_s_per_param: float
+    tokens_per_microbatch: int
+    fixed_op_times: bool = False
+
+    def with_op_times(self, forward_s: float, backward_input_s: float, backward_weight_s: float) -> StageCosts:
+        """Copy with every chunk's F, I, W replaced by fixed seconds (TP and optimizer time 0).
+
+        This is the papers' analysis setting: one action (one microbatch through one chunk) takes
+        a fixed time. Memory and message sizes keep coming from the model.
+
+        Raises:
+            SimtrainError: a time is negative, or all three are zero.
+        """
+        times = (forward_s, backward_input_s, backward_weight_s)
+        if any(t < 0 for t in times) or sum(times) <= 0:
+            raise SimtrainError(
+                f"--op-times F,I,W = {','.join(map(str, times))}: each must be >= 0 seconds "
+                "and at least one > 0"
+            )
+        chunks = tuple(
+            replace(
+                c,
+                forward_s=forward_s,
+                backward_input_s=backward_input_s,
+                backward_weight_s=backward_weight_s,
+                tp_forward_s=0.0,
+                tp_backward_s=0.0,
+            )
+            for c in self.chunks
+        )
+        return replace(self, chunks=chunks, optimizer_s_per_param=0.0, fixed_op_times=True)
+
+
+# --------------------------------------------------------------------------- layer shapes
+@dataclass(frozen=True)
+class _LayerShape:
+    """Per-token quantities of one layer on one GPU (already divided by tp)."""
+
+    gemm_flops: float  # 2*K*N summed over linear layers, per token
+    attn_flops: float  # attention-score FLOPs per token in F
+    act_bytes: float  # stored activation bytes per token (recompute = none / selective)
+    score_bytes: float  # attention-score bytes per token (dropped by selective recomputation)
+    w_bytes: float  # bytes per token that W needs after I
+    input_bytes: float  # layer input bytes per token (what full recomputation stores)
+
+
+def _linear_layers(model: ModelSpec, layer: int) -> list[tuple[int, int, float]]:
+    """(fan_in, fan_out, tokens-multiplicity) of every linear layer a token passes in ``layer``."""
+    h = model.hidden_size
+    a = model.num_heads
+    if model.mla is not None:
+        m = model.mla
+        gemms = [
+            (h, m.q_lora_rank, 1.0),
+            (m.q_lora_rank, a * (m.qk_nope_head_dim + m.qk_rope_head_dim), 1.0),
+            (h, m.kv_lora_rank + m.qk_rope_head_dim, 1.0),
+            (m.kv_lora_rank, a * (m.qk_nope_head_dim + m.v_head_dim), 1.0),
+            (a * m.v_head_dim, h, 1.0),
+        ]
+    else:
+        qkv = a * model.q_head_dim + model.kv_heads * (model.q_head_dim + model.v_head_dim)
+        gemms = [(h, qkv, 1.0), (a * model.v_head_dim, h, 1.0)]
+
+    def ffn(width: int, mult: float) -> list[tuple[int, int, float]]:
+        if model.activation == "swiglu":
+            return [(h, 2 * width, mult), (width, h, mult)]
+        return [(h, width, mult), (width, h, mult)]
+
+    if model.is_moe_layer(layer):
+        moe = model.moe
+        gemms.append((h, moe.num_experts, 1.0))  # router
+        gemms += ffn(moe.expert_ffn_hidden_size, float(moe.top_k + moe.num_shared_experts))
+    else:
+        gemms += ffn(model.ffn_hidden_size, 1.0)
+    return gemms
+
+
+def _layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int) -> _LayerShape:
+    """Per-token FLOPs and bytes of ``layer`` on one of ``tp`` GPUs; ``elem`` = bytes/element."""
+    h, a, s = model.hidden_size, model.num_heads, seq_len
+    gemms = _linear_layers(model, layer)
+    gemm_flops = sum(2 * k * n * mult for k, n, mult in gemms)
+    attn_flops = 2 * s * a * model.q_head_dim + 2 * s * a * model.v_head_dim
+    mask = 1 if model.dropout else 0  # dropout masks: 1 byte per element
+
+    # Stored activations, Korthikanti et al. 2022 §4.1, element by element.
+    norms = 2 * h * elem
+    if model.mla is not None:
+        m = model.mla
+        attn = elem * (
+            h  # input of the q/kv down-projections
+            + 2 * m.q_lora_rank  # q latent before and after its norm
+            + 2 * m.kv_lora_rank + m.qk_rope_head_dim  # kv latent before/after its norm, rope key
+            + 2 * a * model.q_head_dim  # Q and K
+            + 2 * a * model.v_head_dim  # V and the output-projection input
+        )
+    else:
+        attn = elem * (
+            h  # QKV input
+            + a * model.q_head_dim  # Q
+            + model.kv_heads * (model.q_head_dim + model.v_head_dim)  # K, V
+            + a * model.v_head_dim  # output-projection input
+        )
+    attn += mask * h
+    # softmax output (+ dropout mask and dropout output when training with dropout)
+    scores = a * s * (2 * elem + 1 if model.dropout else elem)
+    if model.is_moe_layer(layer):
+        moe = model.moe
+        f = moe.expert_ffn_hidden_size
+        per_expert = (h + (3 * f if model.activation == "swiglu" else 2 * f)) * elem
+        ffn = h * elem + (moe.top_k + moe.num_shared_experts) * per_expert + moe.top_k * h * elem
+    else:
+        f = model.ffn_hidden_size
+        ffn = elem * (h + (3 * f if model.activation == "swiglu" else 2 * f))
+    ffn += mask * h
+    # What W needs after I: every linear layer's input and the gradient of its output.
+    w_bytes = sum((k + n) * mult for k, n, mult in gemms) * elem
+    return _LayerShape(
+        gemm_flops=gemm_flops / tp,
+        attn_flops=attn_flops / tp,
+        act_bytes=(norms + attn + ffn) / tp,
+        score_bytes=scores / tp,
+        w_bytes=w_bytes / tp,
+        input_bytes=h * elem / tp,
+    )
+
+
+def split_layers(num_layers: int, num_chunks: int) -> list[int]:
+    """Layers per chunk: as even as possible, extra layers to the middle chunks first.
+
+    Args:
+        num_layers: transformer layers in the model.
+        num_chunks: model chunks (pipeline stages).
+
+    Returns:
+        ``num_chunks`` counts summing to ``num_layers``.
+
+    Raises:
+        SimtrainError: more chunks than layers.
+    """
+    if num_chunks > num_layers:
+        raise SimtrainError(
+            f"{num_chunks} pipeline stages for a model of {num_layers} layers: "
+            "each stage needs at least one layer (lower --pp or --vp)"
+        )
+    base, extra = divmod(num_layers, num_chunks)
+    counts = [base] * num_chunks
+    middle = list(range(1, num_chunks - 1))
+    order = middle + [0, num_chunks - 1] if num_chunks > 1 else [0]
+    for i in order[:extra]:
+        counts[i] += 1
+    return counts
+
+
+def stage_costs(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    hardware: HardwareProfile,
+    num_chunks: int,
+) -> StageCosts:
+    """Per-chunk costs of ``model`` cut into ``num_chunks`` pipeline stages.
+
+    Args:
+        model: the transformer.
+        parallel: degrees, microbatch shape, dtype, recomputation, ZeRO stage.
+        hardware: achieved FLOP/s and the TP link.
+        num_chunks: model chunks (pp x vp, or pp for DualPipe whose 2·pp stages share chunks).
+
+    Returns:
+        A :class:`StageCosts` with ``num_chunks`` chunks.
+
+    Raises:
+        SimtrainError: more chunks than layers, tp that does not divide the heads, ep > 1
+            (expert parallelism is not modelled yet), or a dtype the profile lacks.
+    """
+    tp = parallel.tp
+    if model.num_heads % tp:
+        raise SimtrainError(
+            f"--tp {tp}: must divide the model's {model.num_heads} attention heads ({model.name})"
+        )
+    if parallel.ep != 1:
+        raise SimtrainError(f"--ep {parallel.ep}: expert parallelism is not modelled yet; use --ep 1")
+    s = parallel.seq_len or model.seq_len
+    b = parallel.microbatch_size
+    tokens = b * s
+    elem = parallel.dtype_bytes
+    rate = hardware.achieved_flops(parallel.dtype)
+    topo = Topology(hardware, parallel)
+    route = topo.tp_route()
+    hidden_bytes = tokens * model.hidden_size * elem  # one full s*b*h tensor
+    if parallel.sequence_parallel:
+        tp_layer_s = 4 * ring_reduce_scatter_s(hidden_bytes, tp, route.link, route.bandwidth_bytes_per_s)
+        act_div = tp
+    else:
+        tp_layer_s = 2 * ring_all_reduce_s(hidden_bytes, tp, route.link, route.bandwidth_bytes_per_s)
+        act_div = 1
+
+    counts = split_layers(model.num_layers, num_chunks)
+    chunks = []
+    first = 0
+    for c, n in enumerate(counts):
+        layers = tuple(range(first, first + n))
+        first += n
+        has_emb, has_head = c == 0, c == num_chunks - 1
+        gemm = attn = act = w = 0.0
+        recompute_flops = 0.0
+        params = 0.0
+        for layer in layers:
+            ls = _layer_shape(model, layer, s, tp, elem)
+            gemm += ls.gemm_flops * tokens
+            attn += ls.attn_flops * tokens
+            stored = ls.act_bytes + (ls.score_bytes if parallel.recompute == "none" else 0.0)
+            if parallel.recompute == "full":
+                act += ls.input_bytes * tokens
+                recompute_flops += (ls.gemm_flops + ls.attn_flops) * tokens
+            else:
+                act += stored * tokens
+                if parallel.recompute == "selective":
+                    recompute_flops += ls.attn_flops * tokens
+            w += ls.w_bytes * tokens
+            params += model.layer_params(layer) / tp
+        if not parallel.sequence_parallel and tp > 1:
+            act *= tp / act_div  # activations replicated across the TP group
+        if has_emb:
+            params += model.embedding_params() / tp
+        if has_head:
+            h, v = model.hidden_size, model.vocab_size
+            params += model.head_params() / tp
+            if model.tied_embeddings and num_chunks > 1:
+                params += v * h / tp  # the last stage keeps its own copy of the tied matrix
+            gemm += 2 * h * v / tp * tokens
+            # norm and head input, fp32 logits for the loss (Korthikanti et al. 2022 §4.3)
+            act += tokens * (2 * h * elem / tp + 4 * v / tp)
+            w += tokens * (h + v / tp) * elem
+        f_flops = gemm + attn
+        i_flops = gemm + 2 * attn
+        w_flops = gemm
+        tp_f = tp_layer_s * len(layers)
+        chunks.append(
+            ChunkCost(
+                chunk=c,
+                layers=layers,
+                has_embedding=has_emb,
+                has_head=has_head,
+                forward_s=f_flops / rate,
+                backward_input_s=(i_flops + recompute_flops) / rate,
+                backward_weight_s=w_flops / rate,
+                tp_forward_s=tp_f,
+                tp_backward_s=tp_f * (2 if parallel.recompute == "full" else 1),
+                forward_flops=f_flops,
+                backward_input_flops=i_flops,
+                backward_weight_flops=w_flops,
+                activation_bytes=act,
+                weight_grad_bytes=w,
+                p2p_bytes=hidden_bytes / (tp if parallel.sequence_parallel else 1),
+                params=params,
+            )
+        )
+
+    mixed = elem == 2
+    weight_bytes = 2 if mixed else 4
+    optimizer_bytes = 12 if mixed else 8
+    shard = parallel.dp if parallel.zero_stage >= 1 else 1
+    return StageCosts(
+        chunks=tuple(chunks),
+        static_bytes_per_param=2 * weight_bytes + optimizer_bytes / shard,
+        grad_bytes_per_param=weight_bytes,
+        optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / shard / hardware.hbm_bandwidth_bytes_per_s,
+        tokens_per_microbatch=tokens,
+    )

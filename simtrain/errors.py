@@ -1,0 +1,95 @@
+"""The one error type simtrain shows to users, and helpers that build its messages.
+
+Every mistake in user input (a profile file, a model spec, a scenario, a CLI flag, schedule
+parameters) and every impossible configuration raises :class:`SimtrainError`. The CLI prints its
+message on one line and exits with status 2; nothing else reaches the user as a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+
+class SimtrainError(Exception):
+    """A user-facing error: bad input or an impossible configuration.
+
+    Args:
+        message: one sentence that names the file or flag, the field, the value and what is allowed.
+    """
+
+
+def describe_validation_error(err: ValidationError, source: str) -> str:
+    """Turn a pydantic ``ValidationError`` into one readable message.
+
+    Args:
+        err: the error pydantic raised.
+        source: where the data came from (a file path, or e.g. ``"command line"``).
+
+    Returns:
+        ``"<source>: field 'a.b' = <value>: <what is allowed>"``, one such clause per problem,
+        joined by ``"; "``.
+    """
+    parts = []
+    for e in err.errors():
+        field = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "missing":
+            parts.append(f"field '{field}' is missing (required)")
+        elif e["type"] == "extra_forbidden":
+            parts.append(f"field '{field}' is not a known field")
+        else:
+            parts.append(f"field '{field}' = {e.get('input')!r}: {msg}")
+    return f"{source}: " + "; ".join(parts)
+
+
+def load_yaml_file(path: Path) -> Any:
+    """Read a YAML file, turning every I/O or syntax problem into a :class:`SimtrainError`.
+
+    Args:
+        path: the file to read.
+
+    Returns:
+        The parsed document (usually a dict).
+
+    Raises:
+        SimtrainError: the file is missing, unreadable, or not valid YAML.
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SimtrainError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise SimtrainError(f"{path}: cannot read the file ({exc.strerror})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SimtrainError(f"{path}: malformed YAML{where}: {problem}") from None
+
+
+def validate_model(cls: type[BaseModel], data: Any, source: str) -> Any:
+    """Validate ``data`` against a pydantic model, with simtrain's error message on failure.
+
+    Args:
+        cls: the pydantic model class.
+        data: the parsed input (a dict).
+        source: where it came from, for the message.
+
+    Returns:
+        The validated instance of ``cls``.
+
+    Raises:
+        SimtrainError: ``data`` is not a mapping or does not validate.
+    """
+    if not isinstance(data, dict):
+        raise SimtrainError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        raise SimtrainError(describe_validation_error(err, source)) from None

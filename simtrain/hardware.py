@@ -1,0 +1,268 @@
+"""Hardware profiles: one GPU kind and its cluster fabric, in SI units.
+
+Profile files live in ``hardware_profiles/<name>.yaml`` and say their units in field names
+(``peak_tflops``, ``hbm_gib``, ``bandwidth_gb_per_s``, ``latency_us``). :func:`load_profile`
+validates a file against :class:`ProfileFile` and converts it to a :class:`HardwareProfile` whose
+fields are SI base units (FLOP/s, bytes, bytes/s, seconds). Nothing past the loader sees a TFLOPS
+or a GB/s.
+
+Conventions (stated once, used everywhere):
+
+* ``GB`` and ``TB`` are decimal (1e9, 1e12 bytes), as vendors quote link and HBM bandwidth;
+  ``GiB`` is binary (2**30 bytes), as HBM capacity is physically built.
+* Link bandwidth is per GPU (NVLink) or per NIC (InfiniBand/RoCE), **per direction**.
+* Peak FLOP/s are dense (no structured sparsity) tensor-core rates from the vendor datasheet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .errors import SimtrainError, load_yaml_file, validate_model
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
+
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
+Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8"]
+
+GB = 1e9
+TB = 1e12
+GiB = 2**30
+US = 1e-6
+TFLOPS = 1e12
+
+
+# ----------------------------------------------------------------------------- file schema
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class IntraNodeLinkFile(_Strict):
+    """``intra_node:`` section: the scale-up link inside a node (NVLink, Infinity Fabric)."""
+
+    name: str
+    bandwidth_gb_per_s: float = Field(gt=0, description="per GPU, per direction, to the switch")
+    peer_bandwidth_gb_per_s: float | None = Field(
+        default=None, gt=0, description="per direction to ONE peer GPU; defaults to bandwidth"
+    )
+    latency_us: float = Field(ge=0)
+
+
+class InterNodeLinkFile(_Strict):
+    """``inter_node:`` section: the scale-out network (InfiniBand, RoCE)."""
+
+    name: str
+    bandwidth_gb_per_s: float = Field(gt=0, description="per NIC, per direction")
+    nics_per_node: int = Field(ge=1)
+    latency_us: float = Field(ge=0)
+
+
+class EfficiencyFile(_Strict):
+    """``efficiency:`` section: achieved fractions of peak, replaced by calibration."""
+
+    matmul: float = Field(gt=0, le=1, description="achieved / peak FLOP/s for large GEMMs")
+    link: float = Field(gt=0, le=1, description="achieved / nominal link bandwidth")
+
+
+class ProfileFile(_Strict):
+    """The schema of a hardware profile YAML file (units in field names)."""
+
+    name: str
+    description: str
+    source: str = Field(min_length=1)
+    peak_tflops: dict[Dtype, float]
+    hbm_gib: float = Field(gt=0)
+    hbm_tb_per_s: float = Field(gt=0)
+    gpus_per_node: int = Field(ge=1)
+    intra_node: IntraNodeLinkFile
+    inter_node: InterNodeLinkFile
+    efficiency: EfficiencyFile
+    calibration: dict | None = None
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _positive_rates(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("must list at least one dtype, e.g. {bf16: 989}")
+        for dtype, rate in v.items():
+            if not rate > 0:
+                raise ValueError(f"peak for {dtype} must be > 0 TFLOPS, got {rate}")
+        return v
+
+
+# ----------------------------------------------------------------------------- SI objects
+@dataclass(frozen=True)
+class Link:
+    """One class of link, in SI units.
+
+    Attributes:
+        name: human name (e.g. ``"NVLink 4"``).
+        bandwidth_bytes_per_s: nominal bandwidth per GPU (or per NIC), per direction.
+        latency_s: one-way latency of a message (the alpha of an alpha-beta model).
+        efficiency: achieved / nominal bandwidth (from the profile's ``efficiency.link``).
+        peer_bandwidth_bytes_per_s: bandwidth to a single peer GPU, per direction (equals
+            ``bandwidth_bytes_per_s`` behind a switch; lower for point-to-point meshes).
+        nics_per_node: NICs in one node (inter-node links only; 0 for intra-node links).
+    """
+
+    name: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    efficiency: float
+    peer_bandwidth_bytes_per_s: float
+    nics_per_node: int = 0
+
+    def transfer_s(self, nbytes: float, bandwidth_bytes_per_s: float | None = None) -> float:
+        """Alpha-beta time of one message: ``latency + bytes / (bandwidth * efficiency)``.
+
+        Args:
+            nbytes: message size in bytes (>= 0).
+            bandwidth_bytes_per_s: override the nominal bandwidth (e.g. a per-GPU NIC share).
+
+        Returns:
+            Seconds; 0 for an empty message.
+        """
+        if nbytes <= 0:
+            return 0.0
+        bw = self.bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else bandwidth_bytes_per_s
+        return self.latency_s + nbytes / (bw * self.efficiency)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A GPU kind and its fabric, SI units throughout. Build it with :func:`load_profile`.
+
+    Attributes:
+        name, description, source: identification; ``source`` names the datasheet or calibration.
+        peak_flops: dense peak FLOP/s per dtype.
+        hbm_bytes: HBM capacity per GPU, bytes.
+        hbm_bandwidth_bytes_per_s: HBM bandwidth per GPU, bytes/s.
+        gpus_per_node: GPUs sharing one intra-node fabric.
+        intra_node, inter_node: the two link classes.
+        matmul_efficiency: achieved / peak FLOP/s used for every GEMM and attention kernel.
+        path: the file it was loaded from, if any.
+        calibration: the raw ``calibration:`` section of a calibrated profile, if any.
+    """
+
+    name: str
+    description: str
+    source: str
+    peak_flops: dict[str, float]
+    hbm_bytes: float
+    hbm_bandwidth_bytes_per_s: float
+    gpus_per_node: int
+    intra_node: Link
+    inter_node: Link
+    matmul_efficiency: float
+    path: Path | None = None
+    calibration: dict | None = field(default=None, compare=False)
+
+    def achieved_flops(self, dtype: str) -> float:
+        """Achieved FLOP/s of a large GEMM in ``dtype``: peak x matmul efficiency.
+
+        Raises:
+            SimtrainError: the profile lists no peak rate for ``dtype``.
+        """
+        if dtype not in self.peak_flops:
+            raise SimtrainError(
+                f"hardware profile '{self.name}': no peak_tflops for dtype '{dtype}'; "
+                f"it has {sorted(self.peak_flops)}"
+            )
+        return self.peak_flops[dtype] * self.matmul_efficiency
+
+    @property
+    def nic_bandwidth_per_gpu_bytes_per_s(self) -> float:
+        """Inter-node bandwidth one GPU gets, per direction: NIC bandwidth x min(1, NICs/GPUs)."""
+        share = min(1.0, self.inter_node.nics_per_node / self.gpus_per_node)
+        return self.inter_node.bandwidth_bytes_per_s * share
+
+
+def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> HardwareProfile:
+    """Convert a validated :class:`ProfileFile` to SI units.
+
+    Raises:
+        SimtrainError: the peer bandwidth exceeds the total per-GPU bandwidth.
+    """
+    intra = pf.intra_node
+    peer = intra.peer_bandwidth_gb_per_s or intra.bandwidth_gb_per_s
+    where = path if path is not None else pf.name
+    if peer > intra.bandwidth_gb_per_s:
+        raise SimtrainError(
+            f"{where}: field 'intra_node.peer_bandwidth_gb_per_s' = {peer}: must not exceed "
+            f"intra_node.bandwidth_gb_per_s ({intra.bandwidth_gb_per_s})"
+        )
+    eff = pf.efficiency
+    return HardwareProfile(
+        name=pf.name,
+        description=pf.description,
+        source=pf.source,
+        peak_flops={k: v * TFLOPS for k, v in pf.peak_tflops.items()},
+        hbm_bytes=pf.hbm_gib * GiB,
+        hbm_bandwidth_bytes_per_s=pf.hbm_tb_per_s * TB,
+        gpus_per_node=pf.gpus_per_node,
+        intra_node=Link(
+            name=intra.name,
+            bandwidth_bytes_per_s=intra.bandwidth_gb_per_s * GB,
+            latency_s=intra.latency_us * US,
+            efficiency=eff.link,
+            peer_bandwidth_bytes_per_s=peer * GB,
+        ),
+        inter_node=Link(
+            name=pf.inter_node.name,
+            bandwidth_bytes_per_s=pf.inter_node.bandwidth_gb_per_s * GB,
+            latency_s=pf.inter_node.latency_us * US,
+            efficiency=eff.link,
+            peer_bandwidth_bytes_per_s=pf.inter_node.bandwidth_gb_per_s * GB,
+            nics_per_node=pf.inter_node.nics_per_node,
+        ),
+        matmul_efficiency=eff.matmul,
+        path=path,
+        calibration=pf.calibration,
+    )
+
+
+def available_profiles() -> list[str]:
+    """Names of the profiles shipped in ``hardware_profiles/`` (file stems), sorted."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def resolve_profile_path(name_or_path: str) -> Path:
+    """Map a profile name (``h100-sxm``) or a path to a YAML file path.
+
+    Raises:
+        SimtrainError: neither a shipped profile name nor an existing file.
+    """
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
+        if not candidate.exists():
+            raise SimtrainError(f"{candidate}: hardware profile file not found")
+        return candidate
+    shipped = PROFILE_DIR / f"{name_or_path}.yaml"
+    if shipped.exists():
+        return shipped
+    raise SimtrainError(
+        f"unknown hardware '{name_or_path}': not a file, and not one of {available_profiles()}"
+    )
+
+
+def load_profile(name_or_path: str | Path) -> HardwareProfile:
+    """Load and validate a hardware profile by name or path.
+
+    Args:
+        name_or_path: a shipped profile name (see :func:`available_profiles`) or a YAML path.
+
+    Returns:
+        The profile in SI units.
+
+    Raises:
+        SimtrainError: unknown name, missing file, malformed YAML, or a missing / out-of-range
+            field (the message names the file, the field, the value and what is allowed).
+    """
+    path = resolve_profile_path(str(name_or_path))
+    data = load_yaml_file(path)
+    pf = validate_model(ProfileFile, data, str(path))
+    return profile_from_file_model(pf, path)

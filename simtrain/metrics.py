@@ -1,0 +1,187 @@
+"""Metrics of one simulated step, computed from the trace and memory timeline alone.
+
+Definitions (sources use different ones; these are simtrain's):
+
+* **step time**: end of the last task (compute, communication or optimizer) of the step.
+* **bubble ratio**: ``1 - (sum over ranks of compute-busy time) / (ranks x step time)``; per rank
+  ``1 - busy_r / step``. Idle time includes time a rank waits on exposed communication. With
+  unit costs and free communication GPipe and 1F1B give ``(p-1)/(m+p-1)`` (bubble over makespan,
+  as sail-sg's README states it; Megatron's ``(p-1)/m`` divides by ideal time instead).
+* **span bubble ratio** (Zero Bubble paper §5.3): the longest per-rank span (first compute start
+  to last compute end) is the cost; each rank's bubble is ``1 - busy_r / cost``; reported as the
+  mean over ranks. It ignores the warm-up wait before a rank's first action.
+* **exposed communication** of a rank: time during which communication that involves the rank
+  (as sender, receiver or collective member) is in flight and its compute stream is idle;
+  ``exposed_comm_s`` is the mean over ranks.
+* **overlap ratio**: ``1 - exposed / total communication time`` (summed over ranks; None when
+  there is no communication).
+* **peak memory** per rank: the maximum of its memory timeline (static + activations).
+* **peak in-flight microbatches** per rank: the most (stage, microbatch) activations held at once,
+  an activation counting from the start of its F to the end of the backward that frees its input
+  gradient (its B, or its I).
+* **MFU** (Chowdhery et al. 2022, PaLM, Appendix B): model FLOPs of the step (no recomputation)
+  / (step time x GPUs x peak FLOP/s of the dtype).
+* **tokens/s**: dp x m x b x s / step time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from .engine import SimResult
+
+
+def _union(intervals: np.ndarray) -> np.ndarray:
+    """Merge an (n, 2) array of [start, end) intervals into disjoint sorted intervals."""
+    if len(intervals) == 0:
+        return np.empty((0, 2))
+    iv = intervals[np.argsort(intervals[:, 0], kind="stable")]
+    merged = [list(iv[0])]
+    for s, e in iv[1:]:
+        if s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return np.array(merged, dtype=float)
+
+
+def _length(merged: np.ndarray) -> float:
+    return float((merged[:, 1] - merged[:, 0]).sum()) if len(merged) else 0.0
+
+
+def _intersection_length(a: np.ndarray, b: np.ndarray) -> float:
+    """Total length of the intersection of two disjoint sorted interval sets."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i, 0], b[j, 0]), min(a[i, 1], b[j, 1])
+        if hi > lo:
+            total += hi - lo
+        if a[i, 1] < b[j, 1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def peak_inflight(trace: pd.DataFrame, rank: int) -> int:
+    """Most (stage, microbatch) activations ``rank`` holds at once (see module docstring)."""
+    rows = trace[(trace["rank"] == rank) & (trace["category"] == "compute") & trace["stage"].notna()]
+    if rows.empty:
+        return 0
+    g = rows.groupby(["stage", "microbatch", "kind"])
+    start = g["start_s"].min()
+    end = g["end_s"].max()
+    events = []
+    for (stage, mb, kind), t in start.items():
+        if kind == "F":
+            events.append((t, 1))
+    for (stage, mb, kind), t in end.items():
+        if kind in ("B", "I"):
+            events.append((t, -1))
+    events.sort(key=lambda e: (e[0], e[1]))  # frees before allocations at equal times
+    level = peak = 0
+    for _, d in events:
+        level += d
+        peak = max(peak, level)
+    return peak
+
+
+@dataclass
+class Report:
+    """Metrics of one schedule's step. Times in seconds, memory in bytes, ratios in [0, 1].
+
+    ``to_row()`` gives the JSON row of ``simtrain compare --json``.
+    """
+
+    schedule: str
+    step_time_s: float
+    bubble_ratio: float
+    bubble_ratio_per_rank: list[float]
+    bubble_time_s_per_rank: list[float]
+    span_bubble_ratio: float
+    exposed_comm_s: float
+    exposed_comm_s_per_rank: list[float]
+    comm_s: float
+    overlap_ratio: float | None
+    peak_memory_bytes: list[float]
+    hbm_bytes: float
+    fits_in_hbm: bool
+    peak_inflight_microbatches: list[int]
+    mfu: float | None
+    tokens_per_s: float
+    model_flops: float
+    gpus: int
+
+    def to_row(self) -> dict:
+        """A plain dict (JSON-serialisable) of every field."""
+        return asdict(self)
+
+
+def compute_report(
+    name: str,
+    result: SimResult,
+    *,
+    hbm_bytes: float,
+    model_flops_per_replica: float,
+    peak_flops: float,
+    gpus_per_replica: int,
+    dp: int,
+    tokens_per_replica: float,
+    mfu_valid: bool = True,
+) -> Report:
+    """Compute the :class:`Report` of one simulated step.
+
+    Args:
+        name: schedule name.
+        result: the engine's output.
+        hbm_bytes: HBM capacity per GPU.
+        model_flops_per_replica: model FLOPs of the step for one DP replica (all its GPUs).
+        peak_flops: peak FLOP/s of one GPU in the compute dtype.
+        gpus_per_replica: tp x pp.
+        dp: data-parallel degree.
+        tokens_per_replica: tokens one replica processes per step (m x b x s).
+        mfu_valid: False when durations are fixed op-times (MFU is then reported as None).
+    """
+    trace = result.trace
+    step = result.makespan_s
+    ranks = sorted(result.memory["rank"].unique())
+    busy, exposed, comm_total, spans = [], [], [], []
+    for r in ranks:
+        comp = trace[(trace["rank"] == r) & (trace["category"] == "compute")]
+        comp_iv = _union(comp[["start_s", "end_s"]].to_numpy(dtype=float))
+        involved = (trace["category"] == "comm") & ((trace["rank"] == r) | (trace["peer"] == r))
+        comm_iv = _union(trace.loc[involved, ["start_s", "end_s"]].to_numpy(dtype=float))
+        b = _length(comp_iv)
+        c = _length(comm_iv)
+        busy.append(b)
+        comm_total.append(c)
+        exposed.append(c - _intersection_length(comm_iv, comp_iv))
+        spans.append(comp_iv[-1, 1] - comp_iv[0, 0] if len(comp_iv) else 0.0)
+    n = len(ranks)
+    max_span = max(spans) if spans else 0.0
+    peaks = result.memory.groupby("rank")["bytes"].max().reindex(ranks).tolist()
+    total_comm = sum(comm_total)
+    return Report(
+        schedule=name,
+        step_time_s=step,
+        bubble_ratio=1 - sum(busy) / (n * step) if step > 0 else 0.0,
+        bubble_ratio_per_rank=[1 - b / step if step > 0 else 0.0 for b in busy],
+        bubble_time_s_per_rank=[step - b for b in busy],
+        span_bubble_ratio=float(np.mean([1 - b / max_span for b in busy])) if max_span > 0 else 0.0,
+        exposed_comm_s=float(np.mean(exposed)) if exposed else 0.0,
+        exposed_comm_s_per_rank=exposed,
+        comm_s=total_comm,
+        overlap_ratio=(1 - sum(exposed) / total_comm) if total_comm > 0 else None,
+        peak_memory_bytes=[float(p) for p in peaks],
+        hbm_bytes=hbm_bytes,
+        fits_in_hbm=bool(max(peaks) <= hbm_bytes),
+        peak_inflight_microbatches=[peak_inflight(trace, r) for r in ranks],
+        mfu=(model_flops_per_replica / (step * gpus_per_replica * peak_flops)) if mfu_valid and step > 0 else None,
+        tokens_per_s=dp * tokens_per_replica / step if step > 0 else 0.0,
+        model_flops=model_flops_per_replica * dp,
+        gpus=gpus_per_replica * dp,
+    )

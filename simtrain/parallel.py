@@ -1,0 +1,70 @@
+"""Parallel configuration: how one training step is split over GPUs.
+
+The GPUs of one job are ``tp x pp x dp``. Rank numbering follows the Llama 3 paper's order
+[TP, CP, PP, DP] (Dubey et al. 2024, arXiv:2407.21783 §3.3.2; no CP here): TP is innermost, so a
+TP group sits inside one node when ``tp <= gpus_per_node``; consecutive pipeline stages are the
+next TP groups; DP is outermost. GPU ``g = (dp_idx * pp + pp_idx) * tp + tp_idx`` sits on node
+``g // gpus_per_node``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .hardware import Dtype
+
+DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+"""Bytes per stored activation / parameter element in each compute dtype (FP8 training keeps
+activations and the parameter copy used by the kernels in 16-bit)."""
+
+
+class ParallelConfig(BaseModel):
+    """Degrees of parallelism and the shape of one training step.
+
+    Attributes:
+        tp, pp, dp, ep: tensor, pipeline, data and expert parallel degrees (ep is reserved for
+            expert parallelism and must be 1 for dense models).
+        vp: virtual stages (model chunks) per pipeline rank, for interleaved schedules.
+        microbatches: microbatches per step per DP replica (m).
+        microbatch_size: sequences per microbatch (b).
+        seq_len: tokens per sequence (s); None means the model's default.
+        dtype: compute dtype of the GEMMs (selects the profile's peak rate).
+        zero_stage: 0 (plain DP) or 1 (optimizer states sharded over DP, Rajbhandari et al. 2020).
+        recompute: activation recomputation (Korthikanti et al. 2022): ``none`` stores everything,
+            ``selective`` recomputes attention scores (what FlashAttention gives for free),
+            ``full`` stores only each layer's input and reruns its forward in the backward.
+        sequence_parallel: Megatron sequence parallelism with TP (activations sharded by tp).
+        dp_buckets: gradient buckets per pipeline stage for the DP all-reduce.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    dp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1)
+    vp: int = Field(default=1, ge=1)
+    microbatches: int = Field(default=1, ge=1)
+    microbatch_size: int = Field(default=1, ge=1)
+    seq_len: int | None = Field(default=None, ge=1)
+    dtype: Dtype = "bf16"
+    zero_stage: Literal[0, 1] = 0
+    recompute: Literal["none", "selective", "full"] = "selective"
+    sequence_parallel: bool = True
+    dp_buckets: int = Field(default=4, ge=1)
+
+    @property
+    def world_size(self) -> int:
+        """GPUs in the job: tp x pp x dp."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per activation element in the compute dtype."""
+        return DTYPE_BYTES[self.dtype]
+
+    def gpu_id(self, pp_rank: int, dp_rank: int = 0, tp_rank: int = 0) -> int:
+        """Global GPU index of (pp_rank, dp_rank, tp_rank) in the [TP, PP, DP] order."""
+        return (dp_rank * self.pp + pp_rank) * self.tp + tp_rank

@@ -1,0 +1,157 @@
+"""Scenarios: what to simulate (model, hardware, parallelism, schedules), and running one schedule
+end to end: generate -> cost -> lower -> simulate -> report.
+
+A scenario file (``dashboards/*.yaml``) has the fields of :class:`Scenario`; the CLI's flags
+override them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .costs import StageCosts, stage_costs
+from .engine import SimResult, simulate
+from .errors import SimtrainError, load_yaml_file, validate_model
+from .hardware import GiB, HardwareProfile
+from .lowering import lower
+from .metrics import Report, compute_report
+from .models import ModelSpec
+from .network import Topology
+from .parallel import ParallelConfig
+from .schedules import Schedule, generate
+
+DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "dashboards" / "default.yaml"
+
+
+class Scenario(BaseModel):
+    """A scenario file.
+
+    Attributes:
+        title: heading of the dashboard.
+        source: where the setting comes from (paper, report).
+        model: preset name or model YAML path.
+        hardware: profile name or profile YAML path.
+        parallel: the :class:`ParallelConfig` fields.
+        schedules: registry names to compare.
+        op_times: fixed (F, I, W) seconds per action instead of the cost model.
+        no_comm: make all communication free.
+        out: HTML file to write (relative paths are relative to the scenario file).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    title: str = "simtrain comparison"
+    source: str = ""
+    model: str
+    hardware: str
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    schedules: list[str] = Field(min_length=1)
+    op_times: tuple[float, float, float] | None = None
+    no_comm: bool = False
+    out: str | None = None
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Read and validate a scenario YAML file; a relative ``out`` is resolved against its folder.
+
+    Raises:
+        SimtrainError: missing file, malformed YAML, or an invalid field.
+    """
+    scenario = validate_model(Scenario, load_yaml_file(path), str(path))
+    if scenario.out and not Path(scenario.out).is_absolute():
+        scenario.out = str(path.parent / scenario.out)
+    return scenario
+
+
+@dataclass
+class ScheduleRun:
+    """Everything one schedule's simulation produced.
+
+    Attributes:
+        schedule: the generated schedule.
+        costs: the per-chunk costs used.
+        result: the engine's trace and memory timeline.
+        report: the metrics.
+    """
+
+    schedule: Schedule
+    costs: StageCosts
+    result: SimResult
+    report: Report
+
+
+def check_static_memory(costs: StageCosts, schedule: Schedule, hardware: HardwareProfile, where: str) -> None:
+    """Refuse a configuration whose parameters, gradients and optimizer states alone overflow HBM.
+
+    Raises:
+        SimtrainError: naming the rank, the bytes it needs and the HBM it has.
+    """
+    for rank in range(schedule.num_ranks):
+        held = {schedule.chunk_of(s) for s in schedule.stages_of(rank)}
+        need = sum(costs.chunks[c].params for c in held) * costs.static_bytes_per_param
+        if need > hardware.hbm_bytes:
+            raise SimtrainError(
+                f"{where}: does not fit in HBM: pipeline rank {rank} needs {need / GiB:.1f} GiB for "
+                f"parameters, gradients and optimizer states alone, and {hardware.name} has "
+                f"{hardware.hbm_bytes / GiB:.0f} GiB; raise --tp or --pp, or use --zero-stage 1"
+            )
+
+
+def run_schedule(
+    schedule: str | Schedule,
+    model: ModelSpec,
+    hardware: HardwareProfile,
+    parallel: ParallelConfig,
+    op_times: tuple[float, float, float] | None = None,
+    comm: bool = True,
+) -> ScheduleRun:
+    """Simulate one training step of ``schedule``.
+
+    Args:
+        schedule: a registry name, or a ready :class:`Schedule` (e.g. imported from a file).
+        model, hardware, parallel: what runs where.
+        op_times: fixed (F, I, W) seconds per action, replacing the cost model's durations.
+        comm: False makes communication free.
+
+    Returns:
+        The :class:`ScheduleRun`.
+
+    Raises:
+        SimtrainError: invalid schedule parameters, a model/parallel mismatch, static memory that
+            does not fit in HBM, or a schedule that deadlocks.
+    """
+    if isinstance(schedule, str):
+        schedule = generate(schedule, parallel.pp, parallel.microbatches, parallel.vp)
+    else:
+        schedule.validate()
+        parallel = parallel.model_copy(
+            update={"pp": schedule.num_ranks, "microbatches": schedule.num_microbatches}
+        )
+    costs = stage_costs(model, parallel, hardware, schedule.num_chunks)
+    if op_times is not None:
+        costs = costs.with_op_times(*op_times)
+    check_static_memory(costs, schedule, hardware, f"{model.name} on {hardware.name} with {schedule.name}")
+    topology = Topology(hardware, parallel)
+    graph = lower(schedule, costs, topology, comm=comm)
+    result = simulate(graph)
+    tp = parallel.tp
+    flops = sum(
+        costs.chunks[schedule.chunk_of(s)].model_flops * tp
+        for mb in range(schedule.num_microbatches)
+        for s in schedule.path(mb)
+    )
+    report = compute_report(
+        schedule.name,
+        result,
+        hbm_bytes=hardware.hbm_bytes,
+        model_flops_per_replica=flops,
+        peak_flops=hardware.peak_flops[parallel.dtype],
+        gpus_per_replica=tp * schedule.num_ranks,
+        dp=parallel.dp,
+        tokens_per_replica=schedule.num_microbatches * costs.tokens_per_microbatch,
+        mfu_valid=not costs.fixed_op_times,
+    )
+    return ScheduleRun(schedule, costs, result, report)

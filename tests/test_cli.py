@@ -1,0 +1,102 @@
+"""The CLI as a user meets it: JSON rows, tables, and one clear error (exit 2) per bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from simtrain.cli import app
+
+runner = CliRunner()
+SMALL = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "4", "--tp", "2", "--dp", "2",
+         "--microbatches", "8", "--seq-len", "2048"]
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_compare_json_rows_have_the_documented_keys(tmp_path):
+    res = invoke("compare", *SMALL, "--json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [r["schedule"] for r in rows] == ["gpipe", "1f1b"]
+    for r in rows:
+        for key in ("step_time_s", "bubble_ratio", "exposed_comm_s", "overlap_ratio", "peak_memory_bytes",
+                    "peak_inflight_microbatches", "fits_in_hbm", "mfu", "tokens_per_s", "span_bubble_ratio"):
+            assert key in r
+        assert len(r["peak_memory_bytes"]) == 4 and 0 < r["mfu"] < 1 and 0 <= r["bubble_ratio"] < 1
+    assert rows[0]["peak_inflight_microbatches"] == [8, 8, 8, 8]
+    assert rows[1]["peak_inflight_microbatches"] == [4, 3, 2, 1]
+
+
+def test_compare_writes_html_and_prints_a_table(tmp_path):
+    out = tmp_path / "cmp.html"
+    res = invoke("compare", *SMALL, "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert "1f1b" in res.stdout and str(out) in res.stdout.replace("\n", "")
+    text = out.read_text()
+    assert "plotly" in text and "gpipe: timeline" in text and "1f1b: memory per rank" in text
+
+
+def test_op_times_no_comm_gives_the_formula():
+    res = invoke("compare", *SMALL, "--op-times", "1,1,1", "--no-comm", "--json")
+    rows = json.loads(res.stdout)
+    for r in rows:
+        assert r["step_time_s"] == pytest.approx((8 + 3) * 3)
+        assert r["bubble_ratio"] == pytest.approx(3 / 11)
+        assert r["mfu"] is None  # fixed op-times: MFU is meaningless
+
+
+def test_scenario_file_and_flag_override(tmp_path):
+    sc = tmp_path / "s.yaml"
+    sc.write_text("model: llama3-8b\nhardware: a100-sxm-80gb\nparallel: {pp: 2, microbatches: 4, seq_len: 1024}\n"
+                  "schedules: [1f1b]\nout: s.html\n")
+    res = invoke("compare", str(sc), "--microbatches", "6", "--json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert len(rows) == 1 and rows[0]["peak_inflight_microbatches"] == [2, 1]
+    assert rows[0]["tokens_per_s"] * rows[0]["step_time_s"] == pytest.approx(6 * 1024)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "gpt5", "--hardware", "h100-sxm"], "unknown model 'gpt5'"),
+    (["--model", "llama3-8b", "--hardware", "tpu"], "unknown hardware 'tpu'"),
+    (["--model", "llama3-8b", "--hardware", "missing.yaml"], "missing.yaml: hardware profile file not found"),
+    (["--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "0"], "--pp = 0: Input should be greater than or equal to 1"),
+    (["--model", "llama3-8b", "--hardware", "h100-sxm", "--microbatches", "0"], "--microbatches = 0"),
+    (["--model", "llama3-8b", "--hardware", "h100-sxm", "--schedules", "gpipe,zz"], "unknown schedule 'zz'"),
+    (["--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "40"], "40 pipeline stages for a model of 32 layers"),
+    (["--model", "gpt3-175b", "--hardware", "a100-sxm-80gb"], "does not fit in HBM: pipeline rank 0 needs 2601.8 GiB"),
+    (["--model", "llama3-8b", "--hardware", "h100-sxm", "--op-times", "1,x,1"], "--op-times = '1,x,1'"),
+    (["--model", "llama3-8b", "--hardware", "h100-sxm", "--dtype", "int4"], "--dtype = 'int4'"),
+    (["--model", "llama3-8b"], "give both --model and --hardware"),
+    (["--model", "llama3-70b", "--hardware", "h100-sxm", "--tp", "8", "--pp", "2", "--microbatches", "64",
+      "--recompute", "none"], "no schedule fits in HBM"),
+])
+def test_bad_input_one_clear_error(args, message):
+    res = invoke("compare", *args)
+    assert res.exit_code == 2
+    assert message in res.stderr.replace("\n", " ")
+    assert "Traceback" not in res.output
+
+
+def test_bad_scenario_files(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: llama3-8b\nhardware: h100-sxm\nschedules: [1f1b]\nparallel: {pp: -1}\n")
+    res = invoke("compare", str(bad))
+    assert res.exit_code == 2 and "bad.yaml: field 'parallel.pp' = -1: Input should be greater than or equal to 1" in res.stderr
+    bad.write_text("model: [llama\n")
+    res = invoke("compare", str(bad))
+    assert res.exit_code == 2 and "malformed YAML" in res.stderr
+    res = invoke("compare", str(tmp_path / "none.yaml"))
+    assert res.exit_code == 2 and "none.yaml: file not found" in res.stderr
+
+
+def test_listing_commands():
+    res = invoke("profiles")
+    assert res.exit_code == 0 and "h800" in res.stdout and "mi300x" in res.stdout
+    res = invoke("models")
+    assert res.exit_code == 0 and "deepseek-v3" in res.stdout and "671.03B" in res.stdout

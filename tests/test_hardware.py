@@ -1,0 +1,66 @@
+"""Hardware profiles: shipped files load, the loader converts to SI, bad files are reported."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from simtrain.errors import SimtrainError
+from simtrain.hardware import GB, GiB, PROFILE_DIR, available_profiles, load_profile
+
+
+def test_required_profiles_exist_and_load():
+    names = available_profiles()
+    for n in ("h100-sxm", "h200-sxm", "a100-sxm-80gb", "b200", "mi300x", "h800"):
+        assert n in names
+        p = load_profile(n)
+        assert p.source and p.peak_flops["bf16"] > 1e14 and p.hbm_bytes > 40 * GiB
+
+
+def test_units_are_converted_to_si():
+    p = load_profile("h100-sxm")
+    assert p.peak_flops["bf16"] == pytest.approx(989.4e12)
+    assert p.hbm_bytes == 80 * 2**30
+    assert p.intra_node.bandwidth_bytes_per_s == 450e9
+    assert p.intra_node.latency_s == pytest.approx(3e-6)
+    assert p.inter_node.bandwidth_bytes_per_s == 50 * GB
+    assert p.achieved_flops("bf16") == pytest.approx(989.4e12 * 0.75)
+    assert load_profile("h800").intra_node.bandwidth_bytes_per_s == 200e9  # 400 GB/s bidirectional
+    assert load_profile("mi300x").intra_node.peer_bandwidth_bytes_per_s == 64e9
+    assert "fp8" not in load_profile("a100-sxm-80gb").peak_flops
+
+
+def _write(tmp_path, mutate):
+    data = yaml.safe_load((PROFILE_DIR / "h100-sxm.yaml").read_text())
+    mutate(data)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("mutate,pattern", [
+    (lambda d: d["inter_node"].update(bandwidth_gb_per_s=-5), r"p.yaml: field 'inter_node.bandwidth_gb_per_s' = -5: Input should be greater than 0"),
+    (lambda d: d.pop("hbm_gib"), r"p.yaml: field 'hbm_gib' is missing"),
+    (lambda d: d.update(hbm_gib=0), r"field 'hbm_gib' = 0"),
+    (lambda d: d["efficiency"].update(matmul=1.5), r"field 'efficiency.matmul' = 1.5: Input should be less than or equal to 1"),
+    (lambda d: d.update(peak_tflops={"bf16": -1}), r"field 'peak_tflops' .*must be > 0"),
+    (lambda d: d.update(peak_tflops={"bf17": 3}), r"field 'peak_tflops.bf17.\[key\]' = 'bf17'"),
+    (lambda d: d.update(hbm_gb=80), r"field 'hbm_gb' is not a known field"),
+    (lambda d: d["intra_node"].update(peer_bandwidth_gb_per_s=900), r"peer_bandwidth_gb_per_s' = 900.*must not exceed"),
+])
+def test_bad_profile_fields(tmp_path, mutate, pattern):
+    with pytest.raises(SimtrainError, match=pattern):
+        load_profile(_write(tmp_path, mutate))
+
+
+def test_missing_malformed_unknown(tmp_path):
+    with pytest.raises(SimtrainError, match="nothere.yaml: hardware profile file not found"):
+        load_profile(tmp_path / "nothere.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(SimtrainError, match=r"bad.yaml: malformed YAML at line 2"):
+        load_profile(bad)
+    with pytest.raises(SimtrainError, match=r"unknown hardware 'tpu-v9'"):
+        load_profile("tpu-v9")
+    with pytest.raises(SimtrainError, match=r"no peak_tflops for dtype 'fp8'"):
+        load_profile("a100-sxm-80gb").achieved_flops("fp8")

@@ -24,7 +24,7 @@ from .hardware import GB, GiB, TFLOPS, available_profiles, load_profile
 from .models import available_models, load_model
 from .parallel import ParallelConfig
 from .scenario import DEFAULT_SCENARIO, Scenario, load_scenario, run_schedule
-from .schedules import REGISTRY
+from .schedules import split_name
 from .viz import Panel, write_dashboard
 
 app = typer.Typer(
@@ -92,6 +92,7 @@ def compare(
     pp: Annotated[Optional[int], typer.Option(help="pipeline-parallel ranks")] = None,
     tp: Annotated[Optional[int], typer.Option(help="tensor-parallel degree")] = None,
     dp: Annotated[Optional[int], typer.Option(help="data-parallel degree")] = None,
+    ep: Annotated[Optional[int], typer.Option(help="expert-parallel degree (MoE; divides dp x tp)")] = None,
     vp: Annotated[Optional[int], typer.Option(help="virtual stages per rank (interleaved schedules)")] = None,
     microbatches: Annotated[Optional[int], typer.Option(help="microbatches per step (m)")] = None,
     microbatch_size: Annotated[Optional[int], typer.Option(help="sequences per microbatch (b)")] = None,
@@ -99,7 +100,16 @@ def compare(
     dtype: Annotated[Optional[str], typer.Option(help="compute dtype: bf16, fp16, fp8, fp32, tf32")] = None,
     zero_stage: Annotated[Optional[int], typer.Option(help="ZeRO stage: 0 or 1")] = None,
     recompute: Annotated[Optional[str], typer.Option(help="activation recomputation: none, selective, full")] = None,
-    schedules: Annotated[Optional[str], typer.Option(help="comma-separated schedule names")] = None,
+    schedules: Annotated[Optional[str], typer.Option(
+        help="comma-separated schedule names; '+waved-ep' adds Waved-EP, e.g. 1f1b,1f1b+waved-ep")] = None,
+    waves: Annotated[Optional[int], typer.Option(help="expert waves per MoE layer for +waved-ep")] = None,
+    dispatch_dtype: Annotated[Optional[str], typer.Option(help="EP dispatch element type: bf16 or fp8")] = None,
+    expert_imbalance: Annotated[Optional[float], typer.Option(
+        help="most loaded EP rank's tokens / mean (>= 1)")] = None,
+    node_limit: Annotated[Optional[int], typer.Option(help="most nodes a token is dispatched to")] = None,
+    a2a_links: Annotated[Optional[str], typer.Option(
+        help="dispatch and combine on shared link ports, or separate (idealised full duplex)")] = None,
+    forward_only: Annotated[bool, typer.Option("--forward-only", help="forward passes only (inference)")] = False,
     op_times: Annotated[Optional[str], typer.Option(help="fixed seconds per action F,I,W (B = I + W)")] = None,
     no_comm: Annotated[bool, typer.Option("--no-comm", help="make all communication free")] = False,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="HTML dashboard to write")] = None,
@@ -116,8 +126,10 @@ def compare(
         path = scenario or DEFAULT_SCENARIO
         base = load_scenario(path)
         source = str(path)
-    overrides = dict(pp=pp, tp=tp, dp=dp, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
-                     seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute)
+    overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
+                     seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, waves=waves,
+                     dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
+                     a2a_links=a2a_links, forward_only=True if forward_only else None)
     parallel = _parallel_from(base.parallel.model_dump(exclude_unset=True), overrides, source)
     spec = load_model(model or base.model)
     hw = load_profile(hardware or base.hardware)
@@ -125,19 +137,23 @@ def compare(
     names = [n for n in names if n]
     if not names:
         raise SimtrainError("--schedules: give at least one schedule name")
-    unknown = [n for n in names if n not in REGISTRY]
-    if unknown:
-        raise SimtrainError(f"--schedules: unknown schedule '{unknown[0]}'; choose from {sorted(REGISTRY)}")
+    for n in names:
+        try:
+            split_name(n)
+        except SimtrainError as exc:
+            raise SimtrainError(f"--schedules: {exc}") from None
     times = _parse_op_times(op_times) if op_times else base.op_times
     comm = not (no_comm or base.no_comm)
 
     runs = [run_schedule(n, spec, hw, parallel, op_times=times, comm=comm) for n in names]
     reports = [r.report for r in runs]
     subtitle = (
-        f"{spec.name} on {hw.name}: TP {parallel.tp} x PP {parallel.pp} x DP {parallel.dp}, "
+        f"{spec.name} on {hw.name}: TP {parallel.tp} x PP {parallel.pp} x DP {parallel.dp}"
+        + (f" (EP {parallel.ep})" if parallel.ep > 1 else "") + ", "
         f"{parallel.microbatches} microbatches of {parallel.microbatch_size} x "
         f"{parallel.seq_len or spec.seq_len} tokens, {parallel.dtype}"
         + (f", op-times F,I,W = {times}" if times else "") + ("" if comm else ", no communication")
+        + (", forward only" if parallel.forward_only else "")
     )
     html_path = out_path or (None if as_json else Path(base.out or "simtrain-compare.html"))
     if html_path is not None:
@@ -148,8 +164,10 @@ def compare(
         return
 
     table = Table(title=subtitle)
+    ep_cols = any(r.a2a_s > 0 for r in reports)
     for col in ("schedule", "step time (ms)", "bubble", "exposed comm (ms)", "overlap", "peak mem (GiB)",
-                "fits HBM", "in-flight", "MFU", "tokens/s"):
+                "fits HBM", "in-flight", "MFU", "tokens/s") + (("a2a (ms)", "exposed a2a (ms)", "EP share")
+                                                              if ep_cols else ()):
         table.add_column(col, justify="left" if col == "schedule" else "right")
     for r in reports:
         table.add_row(
@@ -157,6 +175,7 @@ def compare(
             _fmt_pct(r.overlap_ratio), f"{max(r.peak_memory_bytes) / GiB:.1f} / {r.hbm_bytes / GiB:.0f}",
             "yes" if r.fits_in_hbm else "[red]NO[/red]", str(max(r.peak_inflight_microbatches)),
             _fmt_pct(r.mfu), f"{r.tokens_per_s:,.0f}",
+            *((f"{r.a2a_s * 1e3:.2f}", f"{r.exposed_a2a_s * 1e3:.2f}", _fmt_pct(r.ep_share)) if ep_cols else ()),
         )
     out.print(table)
     for r in reports:

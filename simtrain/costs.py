@@ -31,6 +31,10 @@ Layers are split over stages as evenly as possible; when they do not divide even
 layers go to the middle stages first, since the first stage also holds the embedding and the last
 the LM head and loss (the Llama 3 405B layout: 126 layers on 16 stages gives 7 layers to the first
 and last stage and 8 to the others, Dubey et al. 2024 §3.3.2).
+
+Expert parallelism (ep > 1) is modelled in :mod:`simtrain.moe`: routed experts sharded over EP
+instead of TP, the all-to-all bytes, and each MoE chunk cut into segments around its MoE blocks
+(``ChunkCost.moe``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from dataclasses import dataclass, replace
 from .errors import SimtrainError
 from .hardware import HardwareProfile
 from .models import ModelSpec
+from .moe import MoEChunkCost, check_expert_parallel, chunk_cost, gpu_layer_params, imbalance_extra_s
 from .network import Topology, ring_all_reduce_s, ring_reduce_scatter_s
 from .parallel import ParallelConfig
 
@@ -65,6 +70,9 @@ class ChunkCost:
         weight_grad_bytes: bytes of that which W still needs after I (freed by W).
         p2p_bytes: bytes of the activation this chunk sends on (= the gradient it receives).
         params: parameters held by this GPU for this chunk.
+        expert_params: how many of ``params`` are routed-expert parameters sharded over EP
+            (reduced over the expert-data-parallel group; 0 when ep = 1).
+        moe: the chunk cut around its MoE blocks (ep > 1 and at least one MoE layer), else None.
     """
 
     chunk: int
@@ -83,6 +91,8 @@ class ChunkCost:
     weight_grad_bytes: float
     p2p_bytes: float
     params: float
+    expert_params: float = 0.0
+    moe: MoEChunkCost | None = None
 
     @property
     def backward_s(self) -> float:
@@ -106,6 +116,9 @@ class StageCosts:
         optimizer_s_per_param: seconds of the optimizer step per parameter held.
         tokens_per_microbatch: b x s.
         fixed_op_times: True when durations were replaced by ``--op-times``.
+        expert_static_bytes_per_param, expert_optimizer_s_per_param: the same for routed-expert
+            parameters, whose optimizer states ZeRO-1 shards over the expert-DP group (None: as
+            for the other parameters).
     """
 
     chunks: tuple[ChunkCost, ...]
@@ -114,12 +127,35 @@ class StageCosts:
     optimizer_s_per_param: float
     tokens_per_microbatch: int
     fixed_op_times: bool = False
+    expert_static_bytes_per_param: float | None = None
+    expert_optimizer_s_per_param: float | None = None
+
+    def static_bytes(self, chunks: set[int] | list[int]) -> float:
+        """Parameter + gradient + optimizer bytes of the given chunks on one GPU."""
+        expert_rate = self.expert_static_bytes_per_param
+        total = 0.0
+        for c in chunks:
+            ch = self.chunks[c]
+            rate = self.static_bytes_per_param if expert_rate is None else expert_rate
+            total += (ch.params - ch.expert_params) * self.static_bytes_per_param + ch.expert_params * rate
+        return total
+
+    def optimizer_s(self, chunks: set[int] | list[int]) -> float:
+        """Seconds of the optimizer step for the given chunks on one GPU."""
+        expert_rate = self.expert_optimizer_s_per_param
+        total = 0.0
+        for c in chunks:
+            ch = self.chunks[c]
+            rate = self.optimizer_s_per_param if expert_rate is None else expert_rate
+            total += (ch.params - ch.expert_params) * self.optimizer_s_per_param + ch.expert_params * rate
+        return total
 
     def with_op_times(self, forward_s: float, backward_input_s: float, backward_weight_s: float) -> StageCosts:
         """Copy with every chunk's F, I, W replaced by fixed seconds (TP and optimizer time 0).
 
         This is the papers' analysis setting: one action (one microbatch through one chunk) takes
-        a fixed time. Memory and message sizes keep coming from the model.
+        a fixed time, with no MoE sub-operations. Memory and message sizes keep coming from the
+        model.
 
         Raises:
             SimtrainError: a time is negative, or all three are zero.
@@ -138,6 +174,7 @@ class StageCosts:
                 backward_weight_s=backward_weight_s,
                 tp_forward_s=0.0,
                 tp_backward_s=0.0,
+                moe=None,
             )
             for c in self.chunks
         )
@@ -283,16 +320,16 @@ def stage_costs(
         A :class:`StageCosts` with ``num_chunks`` chunks.
 
     Raises:
-        SimtrainError: more chunks than layers, tp that does not divide the heads, ep > 1
-            (expert parallelism is not modelled yet), or a dtype the profile lacks.
+        SimtrainError: more chunks than layers, tp that does not divide the heads, expert
+            parallelism that cannot run (:func:`simtrain.moe.check_expert_parallel`), or a dtype
+            the profile lacks.
     """
     tp = parallel.tp
     if model.num_heads % tp:
         raise SimtrainError(
             f"--tp {tp}: must divide the model's {model.num_heads} attention heads ({model.name})"
         )
-    if parallel.ep != 1:
-        raise SimtrainError(f"--ep {parallel.ep}: expert parallelism is not modelled yet; use --ep 1")
+    check_expert_parallel(model, parallel, hardware)
     s = parallel.seq_len or model.seq_len
     b = parallel.microbatch_size
     tokens = b * s
@@ -317,9 +354,11 @@ def stage_costs(
         has_emb, has_head = c == 0, c == num_chunks - 1
         gemm = attn = act = w = 0.0
         recompute_flops = 0.0
-        params = 0.0
+        params = expert_params = 0.0
+        layer_flops = []
         for layer in layers:
             ls = _layer_shape(model, layer, s, tp, elem)
+            layer_flops.append((layer, ls.gemm_flops * tokens, ls.attn_flops * tokens))
             gemm += ls.gemm_flops * tokens
             attn += ls.attn_flops * tokens
             stored = ls.act_bytes + (ls.score_bytes if parallel.recompute == "none" else 0.0)
@@ -331,7 +370,9 @@ def stage_costs(
                 if parallel.recompute == "selective":
                     recompute_flops += ls.attn_flops * tokens
             w += ls.w_bytes * tokens
-            params += model.layer_params(layer) / tp
+            layer_params, layer_experts = gpu_layer_params(model, layer, parallel)
+            params += layer_params
+            expert_params += layer_experts
         if not parallel.sequence_parallel and tp > 1:
             act *= tp / act_div  # activations replicated across the TP group
         if has_emb:
@@ -349,15 +390,18 @@ def stage_costs(
         i_flops = gemm + 2 * attn
         w_flops = gemm
         tp_f = tp_layer_s * len(layers)
+        head_flops = 2 * model.hidden_size * model.vocab_size / tp * tokens if has_head else 0.0
+        moe = chunk_cost(model, parallel, hardware, layer_flops, head_flops)
+        extra_f, extra_i, extra_w = imbalance_extra_s(moe, parallel.expert_imbalance)
         chunks.append(
             ChunkCost(
                 chunk=c,
                 layers=layers,
                 has_embedding=has_emb,
                 has_head=has_head,
-                forward_s=f_flops / rate,
-                backward_input_s=(i_flops + recompute_flops) / rate,
-                backward_weight_s=w_flops / rate,
+                forward_s=f_flops / rate + extra_f,
+                backward_input_s=(i_flops + recompute_flops) / rate + extra_i,
+                backward_weight_s=w_flops / rate + extra_w,
                 tp_forward_s=tp_f,
                 tp_backward_s=tp_f * (2 if parallel.recompute == "full" else 1),
                 forward_flops=f_flops,
@@ -367,6 +411,8 @@ def stage_costs(
                 weight_grad_bytes=w,
                 p2p_bytes=hidden_bytes / (tp if parallel.sequence_parallel else 1),
                 params=params,
+                expert_params=expert_params,
+                moe=moe,
             )
         )
 
@@ -374,10 +420,13 @@ def stage_costs(
     weight_bytes = 2 if mixed else 4
     optimizer_bytes = 12 if mixed else 8
     shard = parallel.dp if parallel.zero_stage >= 1 else 1
+    expert_shard = parallel.dp * tp // parallel.ep if parallel.zero_stage >= 1 else 1
     return StageCosts(
         chunks=tuple(chunks),
         static_bytes_per_param=2 * weight_bytes + optimizer_bytes / shard,
         grad_bytes_per_param=weight_bytes,
         optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / shard / hardware.hbm_bandwidth_bytes_per_s,
         tokens_per_microbatch=tokens,
+        expert_static_bytes_per_param=2 * weight_bytes + optimizer_bytes / expert_shard,
+        expert_optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / expert_shard / hardware.hbm_bandwidth_bytes_per_s,
     )

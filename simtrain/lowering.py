@@ -16,63 +16,102 @@ Communication follows from data dependencies, so every schedule gets it without 
 * each rank ends with its optimizer step (memory-bound Adam) after its reductions, and, under
   ZeRO-1, an all-gather of the updated parameters.
 
+* on a stage with MoE blocks under expert parallelism, F, B and I (and overlapped F&B pairs) are
+  cut into attention / dispatch / experts / combine sub-operations by
+  :func:`simtrain.ep_lowering.lower_moe_parts` (serial, or in ``waves`` expert waves);
+  expert-parameter gradients are reduced over the expert-data-parallel group.
+
 Memory: each rank starts with the static bytes of the chunks it holds; F allocates its chunk's
 activation when it starts; B frees it when it ends; I frees all but what W needs; W frees the rest.
+A forward-only step (``parallel.forward_only``) runs only the forwards, each freeing its
+activation when it ends, with no gradient reduction or optimizer step.
 """
 
 from __future__ import annotations
 
 from .costs import StageCosts
 from .engine import Task, TaskGraph
+from .ep_lowering import lower_moe_parts
 from .network import Topology, ring_all_gather_s, ring_all_reduce_s, ring_reduce_scatter_s
 from .schedules.ir import Action, Schedule
 
 
-def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool = True) -> TaskGraph:
-    """Build the task graph of one training step.
+def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool = True, waves: int = 1) -> TaskGraph:
+    """Build the task graph of one training step (or forward-only step).
 
     Args:
         schedule: a validated schedule.
         costs: per-chunk costs with ``schedule.num_chunks`` chunks.
-        topology: placement and routes (its ParallelConfig gives dp, ZeRO stage, buckets).
-        comm: False makes every communication free (no communication tasks at all).
+        topology: placement and routes (its ParallelConfig gives dp, ZeRO stage, buckets,
+            forward_only and the all-to-all lanes).
+        comm: False makes every communication free (no communication tasks at all; MoE stages
+            then run each action as one compute task).
+        waves: expert waves per MoE block (1 = serial dispatch, experts, combine; > 1 = Waved-EP).
 
     Returns:
         The task graph; rank r of the graph is pipeline rank r.
     """
     parallel = topology.parallel
+    forward_only = parallel.forward_only
     chunk = [costs.chunks[schedule.chunk_of(s)] for s in range(schedule.num_stages)]
     graph = TaskGraph(num_ranks=schedule.num_ranks)
-    rank_params = []
-    for rank in range(schedule.num_ranks):
-        held = {schedule.chunk_of(s) for s in schedule.stages_of(rank)}
-        rank_params.append(sum(costs.chunks[c].params for c in held))
-    graph.static_memory_bytes = [p * costs.static_bytes_per_param for p in rank_params]
+    held = [{schedule.chunk_of(s) for s in schedule.stages_of(r)} for r in range(schedule.num_ranks)]
+    graph.static_memory_bytes = [costs.static_bytes(h) for h in held]
 
-    dp = parallel.dp if comm else 1
+    dp = parallel.dp if comm and not forward_only else 1
     grad_buckets = _weight_grad_finishers(schedule) if dp > 1 else {}
     first: dict[Action, Task] = {}  # first task of each action (deps attach here)
     last: dict[Action, Task] = {}  # task whose end means the action is done
     dp_tasks: dict[int, list[Task]] = {r: [] for r in range(schedule.num_ranks)}
 
+    def grad_bucket(rank: int, a: Action, after: Task, i: int) -> None:
+        c, pieces = chunk[a.stage], parallel.dp_buckets
+        dense = (c.params - c.expert_params) * costs.grad_bytes_per_param / pieces
+        experts = c.expert_params * costs.grad_bytes_per_param / pieces
+        route = topology.dp_route(rank)
+        dp_tasks[rank].append(graph.add(
+            name=f"dp grad stage {a.stage} bucket {i}", rank=rank, category="comm",
+            kind="dp", stream="dp", deps=[after.tid], resources=route.resources,
+            duration_s=_dp_sync_s("reduce", dense, experts, rank, topology), stage=a.stage, nbytes=dense + experts,
+        ))
+
+    def tp_task(rank: int, a: Action, after: Task) -> Task:
+        c = chunk[a.stage]
+        tp_s = {"F": c.tp_forward_s, "B": c.tp_backward_s, "I": c.tp_backward_s}.get(a.kind, 0.0)
+        if not comm or tp_s <= 0:
+            return after
+        return graph.add(
+            name=f"tp {a}", rank=rank, category="comm", kind="tp", stream="tp",
+            duration_s=tp_s, deps=[after.tid], resources=topology.tp_route(rank).resources,
+            stage=a.stage, microbatch=a.microbatch,
+        )
+
     for rank, order in enumerate(schedule.orders):
-        tp_route = topology.tp_route(rank)
-        dp_route = topology.dp_route(rank)
         prev: Task | None = None
         for act in order:
-            for a in act.parts:
+            parts = [a for a in act.parts if a.kind == "F" or not forward_only]
+            if comm and any(chunk[a.stage].moe is not None and a.kind != "W" for a in parts):
+                built = lower_moe_parts(graph, rank, parts, [chunk[a.stage] for a in parts], topology, waves)
+                for pt in built:
+                    a, tasks = pt.action, pt.compute
+                    if prev is not None:
+                        tasks[0].deps.append(prev.tid)
+                    tasks[0].mem_start, tasks[-1].mem_end = _memory(a, chunk[a.stage], rank, forward_only)
+                    first[a] = tasks[0]
+                    if a in grad_buckets:
+                        total = sum(t.duration_s for t in tasks)
+                        for i in range(parallel.dp_buckets):
+                            grad_bucket(rank, a, _task_at(tasks, total * (i + 1) / parallel.dp_buckets), i)
+                    last[a] = tp_task(rank, a, tasks[-1])
+                prev = max((last[pt.action] for pt in built), key=lambda t: t.tid)
+                continue
+            for a in parts:
                 c = chunk[a.stage]
                 duration = {
                     "F": c.forward_s, "B": c.backward_s, "I": c.backward_input_s, "W": c.backward_weight_s,
                 }[a.kind]
-                mem_start = [(rank, c.activation_bytes)] if a.kind == "F" else []
-                mem_end = {
-                    "F": [], "B": [(rank, -c.activation_bytes)],
-                    "I": [(rank, c.weight_grad_bytes - c.activation_bytes)],
-                    "W": [(rank, -c.weight_grad_bytes)],
-                }[a.kind]
+                mem_start, mem_end = _memory(a, c, rank, forward_only)
                 pieces = parallel.dp_buckets if a in grad_buckets else 1
-                bucket_bytes = c.params * costs.grad_bytes_per_param / pieces
                 for i in range(pieces):
                     task = graph.add(
                         name=str(a), rank=rank, category="compute", kind=a.kind,
@@ -85,25 +124,52 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
                         first[a] = task
                     prev = task
                     if a in grad_buckets:
-                        reduce = ring_reduce_scatter_s if parallel.zero_stage >= 1 else ring_all_reduce_s
-                        dp_tasks[rank].append(graph.add(
-                            name=f"dp grad stage {a.stage} bucket {i}", rank=rank, category="comm",
-                            kind="dp", stream="dp", deps=[task.tid], resources=dp_route.resources,
-                            duration_s=reduce(bucket_bytes, dp, dp_route.link, dp_route.bandwidth_bytes_per_s),
-                            stage=a.stage, nbytes=bucket_bytes,
-                        ))
-                tp_s = {"F": c.tp_forward_s, "B": c.tp_backward_s, "I": c.tp_backward_s}.get(a.kind, 0.0)
-                if comm and tp_s > 0:
-                    prev = graph.add(
-                        name=f"tp {a}", rank=rank, category="comm", kind="tp", stream="tp",
-                        duration_s=tp_s, deps=[prev.tid], resources=tp_route.resources,
-                        stage=a.stage, microbatch=a.microbatch,
-                    )
-                last[a] = prev
+                        grad_bucket(rank, a, task, i)
+                prev = last[a] = tp_task(rank, a, prev)
 
     _add_pipeline_dependencies(schedule, graph, first, last, chunk, topology, comm)
-    _add_optimizer(schedule, graph, costs, topology, rank_params, dp_tasks, dp)
+    if not forward_only:
+        _add_optimizer(schedule, graph, costs, topology, held, dp_tasks, dp)
     return graph
+
+
+def _memory(a: Action, c, rank: int, forward_only: bool) -> tuple[list, list]:
+    """``(mem_start, mem_end)`` deltas of action ``a`` on chunk ``c`` (see the module docstring)."""
+    if a.kind == "F":
+        return [(rank, c.activation_bytes)], ([(rank, -c.activation_bytes)] if forward_only else [])
+    return [], {
+        "B": [(rank, -c.activation_bytes)],
+        "I": [(rank, c.weight_grad_bytes - c.activation_bytes)],
+        "W": [(rank, -c.weight_grad_bytes)],
+    }[a.kind]
+
+
+def _task_at(tasks: list[Task], elapsed_s: float) -> Task:
+    """The first of ``tasks`` by whose end ``elapsed_s`` of their summed duration has run."""
+    run = 0.0
+    for t in tasks:
+        run += t.duration_s
+        if run >= elapsed_s * (1 - 1e-12):
+            return t
+    return tasks[-1]
+
+
+def _dp_sync_s(op: str, dense_bytes: float, expert_bytes: float, rank: int, topology: Topology) -> float:
+    """Seconds of a gradient reduction (``op="reduce"``: all-reduce, or reduce-scatter under ZeRO-1)
+    or a ZeRO-1 parameter all-gather (``op="gather"``): dense bytes over the DP group, routed-expert
+    bytes over the expert-DP group (``dp x tp / ep`` GPUs), one after the other."""
+    parallel = topology.parallel
+    if op == "gather":
+        collective = ring_all_gather_s
+    else:
+        collective = ring_reduce_scatter_s if parallel.zero_stage >= 1 else ring_all_reduce_s
+    route = topology.dp_route(rank)
+    seconds = collective(dense_bytes, parallel.dp, route.link, route.bandwidth_bytes_per_s)
+    if expert_bytes > 0:
+        edp = topology.expert_dp_route(rank)
+        seconds += collective(expert_bytes, parallel.dp * parallel.tp // parallel.ep, edp.link,
+                              edp.bandwidth_bytes_per_s)
+    return seconds
 
 
 def _weight_grad_finishers(schedule: Schedule) -> set[Action]:
@@ -152,11 +218,11 @@ def _add_pipeline_dependencies(schedule, graph, first, last, chunk, topology, co
             first[a].deps.append(last[Action(a.stage, "I", a.microbatch)].tid)
 
 
-def _add_optimizer(schedule, graph, costs, topology, rank_params, dp_tasks, dp) -> None:
+def _add_optimizer(schedule, graph, costs, topology, held, dp_tasks, dp) -> None:
     """Optimizer step per rank after its gradient reductions; ZeRO-1 parameter all-gather."""
     parallel = topology.parallel
     for rank in range(schedule.num_ranks):
-        duration = rank_params[rank] * costs.optimizer_s_per_param
+        duration = costs.optimizer_s(held[rank])
         if duration <= 0:
             continue
         compute = [t for t in graph.tasks if t.rank == rank and t.stream == "compute"]
@@ -168,9 +234,10 @@ def _add_optimizer(schedule, graph, costs, topology, rank_params, dp_tasks, dp) 
         )
         if parallel.zero_stage >= 1 and dp > 1:
             route = topology.dp_route(rank)
-            nbytes = rank_params[rank] * costs.grad_bytes_per_param
+            experts = sum(costs.chunks[c].expert_params for c in held[rank]) * costs.grad_bytes_per_param
+            dense = sum(costs.chunks[c].params for c in held[rank]) * costs.grad_bytes_per_param - experts
             graph.add(
                 name="dp param all-gather", rank=rank, category="comm", kind="dp", stream="dp",
-                duration_s=ring_all_gather_s(nbytes, dp, route.link, route.bandwidth_bytes_per_s),
-                deps=[opt.tid], resources=route.resources, nbytes=nbytes,
+                duration_s=_dp_sync_s("gather", dense, experts, rank, topology),
+                deps=[opt.tid], resources=route.resources, nbytes=dense + experts,
             )

@@ -18,10 +18,17 @@ Definitions (sources use different ones; these are simtrain's):
 * **peak memory** per rank: the maximum of its memory timeline (static + activations).
 * **peak in-flight microbatches** per rank: the most (stage, microbatch) activations held at once,
   an activation counting from the start of its F to the end of the backward that frees its input
-  gradient (its B, or its I).
+  gradient (its B, or its I); in a forward-only step, to the end of its F.
 * **MFU** (Chowdhery et al. 2022, PaLM, Appendix B): model FLOPs of the step (no recomputation)
   / (step time x GPUs x peak FLOP/s of the dtype).
 * **tokens/s**: dp x m x b x s / step time.
+* **all-to-all** (EP dispatch and combine, kind ``a2a``): ``a2a_s`` is the mean over ranks of the
+  time a rank's all-to-all is in flight, ``exposed_a2a_s`` the mean of the time it is in flight
+  while the rank's compute stream is idle, and ``ep_share = exposed_a2a_s / step time``: the share
+  of the step the ranks wait on expert-parallel communication.
+* **link utilisation** per port kind (``nvlink:out``, ``nic:in`` ...): busy time of the ports of that
+  kind summed over ranks / (ranks x step time). Ports have capacity 1, so busy time is the time
+  some transfer holds the port.
 """
 
 from __future__ import annotations
@@ -76,11 +83,12 @@ def peak_inflight(trace: pd.DataFrame, rank: int) -> int:
     start = g["start_s"].min()
     end = g["end_s"].max()
     events = []
+    backward = {(stage, mb) for stage, mb, kind in end.index if kind in ("B", "I")}
     for (stage, mb, kind), t in start.items():
         if kind == "F":
             events.append((t, 1))
     for (stage, mb, kind), t in end.items():
-        if kind in ("B", "I"):
+        if kind in ("B", "I") or (kind == "F" and (stage, mb) not in backward):
             events.append((t, -1))
     events.sort(key=lambda e: (e[0], e[1]))  # frees before allocations at equal times
     level = peak = 0
@@ -115,6 +123,10 @@ class Report:
     tokens_per_s: float
     model_flops: float
     gpus: int
+    a2a_s: float = 0.0
+    exposed_a2a_s: float = 0.0
+    ep_share: float = 0.0
+    link_utilisation: dict[str, float] | None = None
 
     def to_row(self) -> dict:
         """A plain dict (JSON-serialisable) of every field."""
@@ -150,6 +162,7 @@ def compute_report(
     step = result.makespan_s
     ranks = sorted(result.memory["rank"].unique())
     busy, exposed, comm_total, spans = [], [], [], []
+    a2a_total, a2a_exposed = [], []
     for r in ranks:
         comp = trace[(trace["rank"] == r) & (trace["category"] == "compute")]
         comp_iv = _union(comp[["start_s", "end_s"]].to_numpy(dtype=float))
@@ -160,6 +173,9 @@ def compute_report(
         busy.append(b)
         comm_total.append(c)
         exposed.append(c - _intersection_length(comm_iv, comp_iv))
+        a2a_iv = _union(trace.loc[involved & (trace["kind"] == "a2a"), ["start_s", "end_s"]].to_numpy(dtype=float))
+        a2a_total.append(_length(a2a_iv))
+        a2a_exposed.append(a2a_total[-1] - _intersection_length(a2a_iv, comp_iv))
         spans.append(comp_iv[-1, 1] - comp_iv[0, 0] if len(comp_iv) else 0.0)
     n = len(ranks)
     max_span = max(spans) if spans else 0.0
@@ -184,4 +200,32 @@ def compute_report(
         tokens_per_s=dp * tokens_per_replica / step if step > 0 else 0.0,
         model_flops=model_flops_per_replica * dp,
         gpus=gpus_per_replica * dp,
+        a2a_s=float(np.mean(a2a_total)) if a2a_total else 0.0,
+        exposed_a2a_s=float(np.mean(a2a_exposed)) if a2a_exposed else 0.0,
+        ep_share=float(np.mean(a2a_exposed)) / step if step > 0 and a2a_exposed else 0.0,
+        link_utilisation=link_utilisation(trace, n, step),
     )
+
+
+def link_utilisation(trace: pd.DataFrame, num_ranks: int, step_s: float) -> dict[str, float]:
+    """Busy time / (ranks x step) per port kind (see the module docstring).
+
+    Args:
+        trace: the engine trace (its ``resources`` column names the ports each task held).
+        num_ranks: ranks simulated.
+        step_s: step time.
+
+    Returns:
+        ``{kind: utilisation}`` with kind ``"<link>:<direction>"`` for ports named
+        ``"<link>:<rank>:<direction>"`` (other names are their own kind), sorted by kind.
+    """
+    if step_s <= 0 or "resources" not in trace or trace.empty:
+        return {}
+    held = trace.loc[trace["resources"] != "", ["resources", "start_s", "end_s"]]
+    if held.empty:
+        return {}
+    ports = held.assign(port=held["resources"].str.split()).explode("port")
+    parts = ports["port"].str.split(":")
+    kind = parts.map(lambda p: f"{p[0]}:{p[2]}" if len(p) == 3 else ":".join(p))
+    busy = (ports["end_s"] - ports["start_s"]).groupby(kind).sum()
+    return {k: float(v) / (num_ranks * step_s) for k, v in sorted(busy.items())}

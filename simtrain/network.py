@@ -108,5 +108,46 @@ class Topology:
         return self.group_route(pp_rank, 1, self.parallel.tp)
 
     def dp_route(self, pp_rank: int) -> Route:
-        """Route of the data-parallel group of ``pp_rank`` (GPU ids ``pp * tp`` apart)."""
-        return self.group_route(pp_rank, self.parallel.pp * self.parallel.tp, self.parallel.dp)
+        """Route of the data-parallel group of ``pp_rank`` (GPU ids ``pp * tp`` apart, or ``tp``
+        apart when ``ep > 1``)."""
+        stride = self.parallel.gpu_id(pp_rank, 1) - self.parallel.gpu_id(pp_rank, 0)
+        return self.group_route(pp_rank, stride, self.parallel.dp)
+
+    def expert_dp_route(self, pp_rank: int) -> Route:
+        """Route of the expert-data-parallel group of ``pp_rank``: the ``dp * tp / ep`` GPUs of the
+        stage that hold the same experts (GPU ids ``ep`` apart; Megatron-Core's expert-DP group)."""
+        p = self.parallel
+        return self.group_route(pp_rank, p.ep, p.dp * p.tp // p.ep)
+
+    def ep_placement(self, pp_rank: int) -> tuple[int, int]:
+        """Where the EP group of ``pp_rank``'s representative GPU sits.
+
+        The group is the ``ep`` consecutive GPU ids starting at the stage's first GPU (see
+        :mod:`simtrain.parallel`).
+
+        Returns:
+            ``(g, n)``: members on the representative's node (itself included) and nodes the
+            group spans.
+        """
+        first = self.parallel.gpu_id(pp_rank)
+        nodes = [(first + i) // self.hardware.gpus_per_node for i in range(self.parallel.ep)]
+        return nodes.count(nodes[0]), len(set(nodes))
+
+    def a2a_routes(self, pp_rank: int, lane: str = "") -> tuple[Route, Route]:
+        """The two routes of an EP all-to-all of ``pp_rank``: NVLink (the GPU's whole per-direction
+        bandwidth to the node switch) and the node's NICs (the GPU's share). Each holds both
+        directions of the GPU's port, since in an all-to-all every GPU sends and receives at once.
+
+        Args:
+            pp_rank: pipeline rank.
+            lane: suffix of the port names (``"-combine"`` gives the combine its own lanes in the
+                idealised full-duplex model; ``""`` shares the ports with p2p and the dispatch).
+
+        Returns:
+            ``(nvlink_route, nic_route)``.
+        """
+        hw = self.hardware
+        return (
+            Route(hw.intra_node, hw.intra_node.bandwidth_bytes_per_s, self._ports(f"nvlink{lane}", pp_rank)),
+            Route(hw.inter_node, hw.nic_bandwidth_per_gpu_bytes_per_s, self._ports(f"nic{lane}", pp_rank)),
+        )

@@ -5,6 +5,12 @@ The GPUs of one job are ``tp x pp x dp``. Rank numbering follows the Llama 3 pap
 TP group sits inside one node when ``tp <= gpus_per_node``; consecutive pipeline stages are the
 next TP groups; DP is outermost. GPU ``g = (dp_idx * pp + pp_idx) * tp + tp_idx`` sits on node
 ``g // gpus_per_node``.
+
+With expert parallelism (``ep > 1``) the order is Megatron-Core's default ``tp-cp-ep-dp-pp``
+(``megatron/core/parallel_state.py``, ``RankGenerator``; no CP here): PP is outermost, so the
+``dp x tp`` GPUs of one pipeline stage are consecutive and an EP group (``ep`` consecutive of them,
+carved out of the data-parallel ranks) fills whole nodes, as in DeepSeek-V3's EP 64 over 8 nodes
+(arXiv:2412.19437 §3.1). GPU ``g = (pp_idx * dp + dp_idx) * tp + tp_idx``.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ class ParallelConfig(BaseModel):
     """Degrees of parallelism and the shape of one training step.
 
     Attributes:
-        tp, pp, dp, ep: tensor, pipeline, data and expert parallel degrees (ep is reserved for
-            expert parallelism and must be 1 for dense models).
+        tp, pp, dp, ep: tensor, pipeline, data and expert parallel degrees; EP groups are carved
+            out of the ``dp x tp`` GPUs of a stage (ep must divide dp x tp; checked by
+            :func:`simtrain.moe.check_expert_parallel` against the model).
         vp: virtual stages (model chunks) per pipeline rank, for interleaved schedules.
         microbatches: microbatches per step per DP replica (m).
         microbatch_size: sequences per microbatch (b).
@@ -37,6 +44,17 @@ class ParallelConfig(BaseModel):
             ``full`` stores only each layer's input and reruns its forward in the backward.
         sequence_parallel: Megatron sequence parallelism with TP (activations sharded by tp).
         dp_buckets: gradient buckets per pipeline stage for the DP all-reduce.
+        dispatch_dtype: element type of the EP dispatch all-to-all (``fp8`` as in DeepSeek-V3
+            §3.3.2; the combine always moves activations of the compute dtype, BF16 for bf16/fp8).
+        expert_imbalance: load of the most loaded EP rank / the mean (>= 1; 1 = uniform routing).
+        node_limit: node-limited routing, the most nodes a token is sent to (DeepSeek-V3 §2.1.2
+            uses 4); None sends every token-expert pair directly.
+        a2a_links: ``shared``: dispatch and combine use the same link ports (a symmetric
+            all-to-all loads both directions of every port); ``separate``: the combine gets its
+            own lanes (the idealised full-duplex model of Waved-EP's flow shop).
+        waves: expert waves per MoE layer for ``+waved-ep`` schedules (None: min(4, local
+            experts)).
+        forward_only: simulate forward passes only (inference / RL rollout step).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -54,6 +72,12 @@ class ParallelConfig(BaseModel):
     recompute: Literal["none", "selective", "full"] = "selective"
     sequence_parallel: bool = True
     dp_buckets: int = Field(default=4, ge=1)
+    dispatch_dtype: Literal["bf16", "fp8"] = "bf16"
+    expert_imbalance: float = Field(default=1.0, ge=1.0)
+    node_limit: int | None = Field(default=None, ge=1)
+    a2a_links: Literal["shared", "separate"] = "shared"
+    waves: int | None = Field(default=None, ge=1)
+    forward_only: bool = False
 
     @property
     def world_size(self) -> int:
@@ -66,5 +90,8 @@ class ParallelConfig(BaseModel):
         return DTYPE_BYTES[self.dtype]
 
     def gpu_id(self, pp_rank: int, dp_rank: int = 0, tp_rank: int = 0) -> int:
-        """Global GPU index of (pp_rank, dp_rank, tp_rank) in the [TP, PP, DP] order."""
+        """Global GPU index of (pp_rank, dp_rank, tp_rank): [TP, PP, DP] order, or [TP, DP, PP]
+        when ``ep > 1`` (see the module docstring)."""
+        if self.ep > 1:
+            return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
         return (dp_rank * self.pp + pp_rank) * self.tp + tp_rank

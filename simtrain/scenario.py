@@ -21,7 +21,8 @@ from .metrics import Report, compute_report
 from .models import ModelSpec
 from .network import Topology
 from .parallel import ParallelConfig
-from .schedules import Schedule, generate
+from .moe import resolve_waves
+from .schedules import Schedule, generate, split_name
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "dashboards" / "default.yaml"
 
@@ -90,8 +91,7 @@ def check_static_memory(costs: StageCosts, schedule: Schedule, hardware: Hardwar
         SimtrainError: naming the rank, the bytes it needs and the HBM it has.
     """
     for rank in range(schedule.num_ranks):
-        held = {schedule.chunk_of(s) for s in schedule.stages_of(rank)}
-        need = sum(costs.chunks[c].params for c in held) * costs.static_bytes_per_param
+        need = costs.static_bytes({schedule.chunk_of(s) for s in schedule.stages_of(rank)})
         if need > hardware.hbm_bytes:
             raise SimtrainError(
                 f"{where}: does not fit in HBM: pipeline rank {rank} needs {need / GiB:.1f} GiB for "
@@ -107,14 +107,17 @@ def run_schedule(
     parallel: ParallelConfig,
     op_times: tuple[float, float, float] | None = None,
     comm: bool = True,
+    waved_ep: bool = False,
 ) -> ScheduleRun:
     """Simulate one training step of ``schedule``.
 
     Args:
-        schedule: a registry name, or a ready :class:`Schedule` (e.g. imported from a file).
+        schedule: a registry name (with variants such as ``1f1b+waved-ep``), or a ready
+            :class:`Schedule` (e.g. imported from a file).
         model, hardware, parallel: what runs where.
         op_times: fixed (F, I, W) seconds per action, replacing the cost model's durations.
         comm: False makes communication free.
+        waved_ep: run MoE layers with Waved-EP (implied by a ``+waved-ep`` name).
 
     Returns:
         The :class:`ScheduleRun`.
@@ -124,22 +127,28 @@ def run_schedule(
             does not fit in HBM, or a schedule that deadlocks.
     """
     if isinstance(schedule, str):
+        waved_ep = waved_ep or "waved-ep" in split_name(schedule)[1]
         schedule = generate(schedule, parallel.pp, parallel.microbatches, parallel.vp)
     else:
         schedule.validate()
         parallel = parallel.model_copy(
             update={"pp": schedule.num_ranks, "microbatches": schedule.num_microbatches}
         )
+    waves = resolve_waves(model, parallel) if waved_ep else 1
     costs = stage_costs(model, parallel, hardware, schedule.num_chunks)
     if op_times is not None:
         costs = costs.with_op_times(*op_times)
     check_static_memory(costs, schedule, hardware, f"{model.name} on {hardware.name} with {schedule.name}")
     topology = Topology(hardware, parallel)
-    graph = lower(schedule, costs, topology, comm=comm)
+    graph = lower(schedule, costs, topology, comm=comm, waves=waves)
     result = simulate(graph)
     tp = parallel.tp
+
+    def flops_of(c) -> float:
+        return c.forward_flops if parallel.forward_only else c.model_flops
+
     flops = sum(
-        costs.chunks[schedule.chunk_of(s)].model_flops * tp
+        flops_of(costs.chunks[schedule.chunk_of(s)]) * tp
         for mb in range(schedule.num_microbatches)
         for s in schedule.path(mb)
     )

@@ -119,10 +119,13 @@ def memory_figure(memory: pd.DataFrame, hbm_bytes: float, title: str = "") -> go
 
 
 def comparison_figure(reports: list[Report]) -> go.Figure:
-    """Bars per schedule: step time, bubble ratio, exposed communication, peak memory vs HBM."""
+    """Bars per schedule: step time, bubble ratio, exposed communication, peak memory vs HBM, and
+    (when any schedule has EP all-to-all) the exposed all-to-all."""
     names = [r.schedule for r in reports]
-    fig = make_subplots(rows=1, cols=4, subplot_titles=(
-        "step time (ms)", "bubble ratio", "exposed comm (ms)", "peak memory (GiB)"))
+    ep = any(r.a2a_s > 0 for r in reports)
+    titles = ("step time (ms)", "bubble ratio", "exposed comm (ms)", "peak memory (GiB)")
+    fig = make_subplots(rows=1, cols=5 if ep else 4, subplot_titles=titles + (
+        ("exposed all-to-all (ms)",) if ep else ()))
     colors = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#EECA3B", "#9D755D"]
     bar_colors = [colors[i % len(colors)] for i in range(len(names))]
     values = [
@@ -131,6 +134,8 @@ def comparison_figure(reports: list[Report]) -> go.Figure:
         [r.exposed_comm_s * MS for r in reports],
         [max(r.peak_memory_bytes) / GiB for r in reports],
     ]
+    if ep:
+        values.append([r.exposed_a2a_s * MS for r in reports])
     for col, vals in enumerate(values, start=1):
         fig.add_trace(go.Bar(x=names, y=vals, marker_color=bar_colors, showlegend=False), row=1, col=col)
     if reports:
@@ -144,6 +149,9 @@ def summary_table_html(reports: list[Report]) -> str:
     """An HTML table of the headline numbers, one row per schedule."""
     head = ("schedule", "step time (ms)", "bubble", "exposed comm (ms)", "overlap",
             "peak memory (GiB)", "fits in HBM", "peak in-flight", "MFU", "tokens/s")
+    ep = any(r.a2a_s > 0 for r in reports)
+    if ep:
+        head += ("all-to-all (ms)", "exposed all-to-all (ms)", "EP share", "link utilisation")
     rows = []
     for r in reports:
         cells = (
@@ -153,6 +161,9 @@ def summary_table_html(reports: list[Report]) -> str:
             str(max(r.peak_inflight_microbatches)), "–" if r.mfu is None else f"{r.mfu:.1%}",
             f"{r.tokens_per_s:,.0f}",
         )
+        if ep:
+            links = ", ".join(f"{k} {v:.0%}" for k, v in (r.link_utilisation or {}).items())
+            cells += (f"{r.a2a_s * MS:.2f}", f"{r.exposed_a2a_s * MS:.2f}", f"{r.ep_share:.1%}", links)
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     header = "<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
     return f"<table class='summary'>{header}{''.join(rows)}</table>"

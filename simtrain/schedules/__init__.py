@@ -2,12 +2,15 @@
 
 Each generator is a function ``(pp, microbatches, vp) -> Schedule`` in its own module, reading
 like its paper's figure. Add a schedule by writing the module and one line in ``REGISTRY``.
+
+A name may carry variants after ``+`` that change how the schedule is run, not its order:
+``1f1b+waved-ep`` is 1F1B with Waved-EP expert overlap (see ``VARIANTS``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .gpipe import gpipe
 from .ir import Action, OverlapAction, Schedule, ScheduleError, parse_action
@@ -38,20 +41,48 @@ REGISTRY: dict[str, ScheduleInfo] = {
 }
 
 
-def generate(name: str, pp: int, microbatches: int, vp: int = 1) -> Schedule:
-    """Build the schedule registered as ``name``.
+VARIANTS: dict[str, str] = {
+    "waved-ep": "Waved-EP: each MoE layer's local experts run in --waves waves, overlapping dispatch, "
+                "expert compute and combine (DeepSeek-V4 report §3.1)",
+}
+"""Run-time variants a schedule name may carry after ``+``."""
+
+
+def split_name(name: str) -> tuple[str, tuple[str, ...]]:
+    """Split ``"dualpipev+waved-ep"`` into the registry name and its variants.
+
+    Returns:
+        ``(base, variants)``, e.g. ``("dualpipev", ("waved-ep",))``.
 
     Raises:
-        ScheduleError: unknown name, or parameters the schedule does not allow.
+        ScheduleError: unknown base name, unknown or repeated variant.
     """
-    info = REGISTRY.get(name)
-    if info is None:
-        raise ScheduleError(f"unknown schedule '{name}': choose from {sorted(REGISTRY)}")
+    base, *variants = name.strip().split("+")
+    if base not in REGISTRY:
+        raise ScheduleError(f"unknown schedule '{base}': choose from {sorted(REGISTRY)}")
+    for v in variants:
+        if v not in VARIANTS:
+            raise ScheduleError(
+                f"schedule '{name}': unknown variant '+{v}'; variants are {['+' + k for k in VARIANTS]}"
+            )
+    if len(set(variants)) < len(variants):
+        raise ScheduleError(f"schedule '{name}': a variant is given twice")
+    return base, tuple(variants)
+
+
+def generate(name: str, pp: int, microbatches: int, vp: int = 1) -> Schedule:
+    """Build the schedule registered as ``name`` (variants after ``+`` are kept in its name).
+
+    Raises:
+        ScheduleError: unknown name or variant, or parameters the schedule does not allow.
+    """
+    base, variants = split_name(name)
+    info = REGISTRY[base]
     if vp < 1:
         raise ScheduleError(f"{name}: --vp = {vp}: must be >= 1 stage per rank")
     schedule = info.generator(pp, microbatches, vp if info.uses_vp else 1)
     schedule.validate()
-    return schedule
+    return replace(schedule, name=name.strip()) if variants else schedule
 
 
 __all__ = [
@@ -61,6 +92,8 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "ScheduleInfo",
+    "VARIANTS",
     "generate",
     "parse_action",
+    "split_name",
 ]

@@ -1,0 +1,287 @@
+"""Lowering of the actions of an MoE stage into sub-operations: attention, dispatch, experts, combine.
+
+:func:`lower_moe_parts` is the one entry point :mod:`simtrain.lowering` calls: given the one or two
+plain actions of a schedule step on an MoE stage (a plain F, B or I, or the two halves of an
+overlapped F&B pair), it adds their sub-tasks to the task graph and returns, per action, its first
+and last task and its compute tasks. Memory deltas, tensor-parallel collectives, data-parallel
+gradient buckets and the pipeline's p2p dependencies stay with :mod:`simtrain.lowering`.
+
+Each action becomes a chain of *items* (:func:`chain`) from the chunk's segments
+(:class:`simtrain.moe.Segment`): a compute item (attention, router, shared experts, dense layers,
+head) on the rank's ``compute`` stream, or an MoE block: an all-to-all to the experts, the local
+experts' compute, and an all-to-all back. Backward runs the chunk in reverse and each block mirrored
+(output gradients to the experts, the experts' backward, input gradients back); with full
+recomputation each segment's forward, block included, is replayed first.
+
+Overlap modes:
+
+* **serial** (``waves = 1``): every block is dispatch -> experts -> combine, and the next compute
+  waits for the combine;
+* **waved** (Waved-EP, DeepSeek-V4 report §3.1; Mega MoE in deepseek-ai/DeepGEMM): the local
+  experts are split into ``w`` waves, each moving ``1/w`` of the bytes (paying the link latency
+  again) and computing ``1/w`` of the experts. The dispatches of all waves queue on the link at once,
+  the experts run in wave order on the compute stream as their dispatch arrives, and each wave's
+  combine leaves as soon as its experts finish: a flow shop over (dispatch link, compute stream,
+  combine link) whose makespan with independent resources is
+  ``(D+L+C)/w + (w-1)/w * max(D, L, C)`` (:func:`flow_shop_makespan`);
+* **F&B pairing** (DeepSeek-V3 report §3.2.1, Figure 4): when the schedule overlaps a forward and a
+  backward (:class:`simtrain.schedules.ir.OverlapAction`), the two chains' compute items alternate
+  on the compute stream, backward first, so that each half's all-to-all is in flight while the
+  other half computes. Pairing and waves compose.
+
+Bandwidth sharing: an all-to-all part holds both directions of the GPU's port of its link class
+(``nvlink:<rank>:out/in`` or ``nic:<rank>:out/in``) for its whole duration, since every GPU of the
+group sends and receives at once; transfers that need a held port wait in first-come order (the
+engine's capacity-1 ports: sharing a port serialises transfers, which gives the same busy time and
+the same last end time as fair sharing). So dispatch and combine of overlapping waves share one
+link (``a2a_links = "shared"``: the half-duplex flow shop, at least ``max(D+C, L)``), as do p2p and
+data-parallel traffic on the same ports. ``a2a_links = "separate"`` gives the way back its own lanes
+(``nvlink-combine:<rank>:...``), the idealised full-duplex model of the Waved-EP analysis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .costs import ChunkCost
+from .engine import Task, TaskGraph
+from .moe import A2ACost, MoEBlock
+from .network import Topology
+from .schedules.ir import Action
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One link class's share of an all-to-all, as the engine runs it.
+
+    Attributes:
+        link: ``"nvlink"`` / ``"nic"`` (or any label in hand-made graphs).
+        latency_s: paid by every wave.
+        transfer_s: seconds of all the bytes; a wave takes ``1/w`` of them.
+        nbytes: bytes of the whole all-to-all on this link.
+        resources: engine ports held while it runs.
+    """
+
+    link: str
+    latency_s: float
+    transfer_s: float
+    nbytes: float
+    resources: tuple[str, ...]
+
+    def wave_s(self, waves: int) -> float:
+        """Seconds of one of ``waves`` waves."""
+        return self.latency_s + self.transfer_s / waves
+
+
+@dataclass(frozen=True)
+class Compute:
+    """A compute item of a chain: ``seconds`` on the compute stream, named ``label``."""
+
+    seconds: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Block:
+    """An MoE block of a chain: all-to-all ``to_experts``, ``expert_s`` of expert compute,
+    all-to-all ``back``; ``names`` label the two all-to-alls in the trace."""
+
+    layer: int
+    expert_s: float
+    to_experts: A2ACost
+    back: A2ACost
+    names: tuple[str, str]
+
+
+@dataclass
+class PartTasks:
+    """What :func:`lower_moe_parts` built for one plain action.
+
+    Attributes:
+        action: the action.
+        compute: its compute tasks in stream order (``compute[0]`` is where its dependencies on
+            other ranks attach; ``compute[-1]`` ends it).
+        comm: its all-to-all tasks.
+    """
+
+    action: Action
+    compute: list[Task] = field(default_factory=list)
+    comm: list[Task] = field(default_factory=list)
+    _pending: list[int] = field(default_factory=list)
+
+
+def flow_shop_makespan(d: float, l: float, c: float, waves: int) -> float:
+    """Makespan of ``waves`` equal jobs through three independent machines (dispatch, experts,
+    combine) taking ``d``, ``l``, ``c`` in all: ``(d+l+c)/w + (w-1)/w * max(d, l, c)`` (a
+    permutation flow shop of identical jobs; the Waved-EP timing model of the reference data)."""
+    return (d + l + c) / waves + (waves - 1) / waves * max(d, l, c)
+
+
+def chain(action: Action, chunk: ChunkCost) -> list[Compute | Block]:
+    """The items of ``action`` (F, B or I) on ``chunk``, in execution order.
+
+    A chunk without MoE blocks (``chunk.moe`` None) is one compute item.
+    """
+    kind = action.kind
+    if chunk.moe is None:
+        seconds = {"F": chunk.forward_s, "B": chunk.backward_s, "I": chunk.backward_input_s}[kind]
+        return [Compute(seconds, str(action))]
+    segments = chunk.moe.segments
+    items: list[Compute | Block] = []
+    if kind == "F":
+        for i, seg in enumerate(segments):
+            items.append(Compute(seg.forward_s, f"{action} part {i}"))
+            if seg.block is not None:
+                items.append(_forward_block(seg.block))
+        return items
+    weight = kind == "B"
+    for i in reversed(range(len(segments))):
+        seg = segments[i]
+        if chunk.moe.full_recompute:
+            items.append(Compute(seg.recompute_s, f"{action} recompute part {i}"))
+            if seg.block is not None:
+                items.append(_forward_block(seg.block))
+        if seg.block is not None:
+            b = seg.block
+            expert_s = b.expert_backward_input_s + (b.expert_backward_weight_s if weight else 0.0)
+            items.append(Block(b.layer, expert_s, b.dispatch, b.combine, ("combine-bwd", "dispatch-bwd")))
+        items.append(Compute(seg.backward_input_s + (seg.backward_weight_s if weight else 0.0), f"{action} part {i}"))
+    return items
+
+
+def _forward_block(b: MoEBlock) -> Block:
+    return Block(b.layer, b.expert_forward_s, b.dispatch, b.combine, ("dispatch", "combine"))
+
+
+def transfers(cost: A2ACost, topology: Topology, rank: int, lane: str = "") -> list[Transfer]:
+    """The engine transfers of ``cost`` on ``rank``'s ports (``lane``: see
+    :meth:`simtrain.network.Topology.a2a_routes`)."""
+    nvlink, nic = topology.a2a_routes(rank, lane)
+    ports = {"nvlink": nvlink.resources, "nic": nic.resources}
+    return [Transfer(p.link, p.latency_s, p.transfer_s, p.nbytes, ports[p.link]) for p in cost.parts]
+
+
+def add_block(
+    graph: TaskGraph,
+    rank: int,
+    *,
+    waves: int,
+    after: Sequence[int],
+    expert_s: float,
+    to_experts: Sequence[Transfer],
+    back: Sequence[Transfer],
+    kind: str = "F",
+    names: tuple[str, str] = ("dispatch", "combine"),
+    label: str = "",
+    stage: int | None = None,
+    microbatch: int | None = None,
+) -> tuple[list[Task], list[Task], list[Task]]:
+    """Add one MoE block split into ``waves`` waves (1 = serial) to ``graph``.
+
+    Wave i's transfers to the experts wait for the tasks ``after``; its experts (``expert_s /
+    waves`` on ``rank``'s compute stream, in wave order) wait for them; its transfers back wait for
+    its experts. All transfers are stream-less and hold their ports (see the module docstring).
+
+    Args:
+        graph: the graph to extend.
+        rank: the rank recorded on every task.
+        waves: waves (>= 1).
+        after: ids of the tasks the first all-to-all waits for.
+        expert_s: seconds of all the block's expert compute.
+        to_experts, back: the two all-to-alls, one :class:`Transfer` per link class.
+        kind: kind of the expert tasks (the action's kind, so metrics count them with it).
+        names: trace names of the two all-to-alls.
+        label, stage, microbatch: recorded on the tasks.
+
+    Returns:
+        ``(expert tasks, tasks to the experts, tasks back)``; whatever follows the block waits for
+        the tasks back (or the last expert task when the way back carries nothing).
+    """
+    experts, sent, returned = [], [], []
+    for i in range(waves):
+        tag = f" w{i + 1}/{waves}" if waves > 1 else ""
+        out = [_transfer_task(graph, rank, t, waves, list(after), f"{names[0]} {label}{tag}", stage, microbatch)
+               for t in to_experts]
+        expert = graph.add(
+            name=f"experts {label}{tag}", rank=rank, category="compute", kind=kind,
+            duration_s=expert_s / waves, deps=[t.tid for t in out] or list(after), stream="compute",
+            stage=stage, microbatch=microbatch,
+        )
+        ret = [_transfer_task(graph, rank, t, waves, [expert.tid], f"{names[1]} {label}{tag}", stage, microbatch)
+               for t in back]
+        experts.append(expert)
+        sent += out
+        returned += ret
+    return experts, sent, returned
+
+
+def _transfer_task(graph, rank, t: Transfer, waves, deps, name, stage, microbatch) -> Task:
+    return graph.add(
+        name=f"{name} {t.link}", rank=rank, category="comm", kind="a2a", duration_s=t.wave_s(waves),
+        deps=deps, resources=t.resources, stage=stage, microbatch=microbatch, nbytes=t.nbytes / waves,
+    )
+
+
+def lower_moe_parts(
+    graph: TaskGraph,
+    rank: int,
+    parts: Sequence[Action],
+    chunks: Sequence[ChunkCost],
+    topology: Topology,
+    waves: int = 1,
+) -> list[PartTasks]:
+    """Add the sub-tasks of one schedule step on ``rank`` (one plain action, or the two halves of
+    an overlapped F&B pair) to ``graph``.
+
+    Args:
+        graph: the graph to extend; compute tasks go to ``rank``'s ``compute`` stream in the order
+            added here, after whatever the stream already holds.
+        rank: pipeline rank.
+        parts: one or two plain actions of kind F, B or I (a pair: forward first).
+        chunks: the chunk cost of each part (a part on a chunk without MoE blocks is one compute
+            task; with ``chunk.moe`` it is cut into sub-operations).
+        topology: ports and placement (``parallel.a2a_links`` chooses shared or separate lanes).
+        waves: expert waves per MoE block (1 = serial).
+
+    Returns:
+        One :class:`PartTasks` per part, in the order of ``parts``. Nothing here waits for the
+        previous step: the caller adds that dependency to each ``compute[0]``.
+    """
+    lane = "-combine" if topology.parallel.a2a_links == "separate" else ""
+    built = [PartTasks(a) for a in parts]
+    chains = [chain(a, c) for a, c in zip(parts, chunks)]
+    for idx, item in _interleave(chains):
+        pt = built[idx]
+        a = pt.action
+        if isinstance(item, Compute):
+            task = graph.add(
+                name=item.label, rank=rank, category="compute", kind=a.kind, duration_s=item.seconds,
+                deps=list(pt._pending), stream="compute", stage=a.stage, microbatch=a.microbatch,
+            )
+            pt.compute.append(task)
+            pt._pending = []
+            continue
+        experts, sent, back = add_block(
+            graph, rank, waves=waves, after=[pt.compute[-1].tid], expert_s=item.expert_s,
+            to_experts=transfers(item.to_experts, topology, rank),
+            back=transfers(item.back, topology, rank, lane),
+            kind=a.kind, names=item.names, label=f"{a} L{item.layer}", stage=a.stage, microbatch=a.microbatch,
+        )
+        pt.compute += experts
+        pt.comm += sent + back
+        pt._pending = [t.tid for t in back] or [experts[-1].tid]
+    return built
+
+
+def _interleave(chains: list[list[Compute | Block]]):
+    """Yield ``(part index, item)``: one chain in order, or two alternating, backward first."""
+    if len(chains) == 1:
+        yield from ((0, item) for item in chains[0])
+        return
+    fwd, bwd = chains
+    for i in range(max(len(fwd), len(bwd))):
+        if i < len(bwd):
+            yield 1, bwd[i]
+        if i < len(fwd):
+            yield 0, fwd[i]

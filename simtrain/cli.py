@@ -168,7 +168,7 @@ def compare(
     for col in ("schedule", "step time (ms)", "bubble", "exposed comm (ms)", "overlap", "peak mem (GiB)",
                 "fits HBM", "in-flight", "MFU", "tokens/s") + (("a2a (ms)", "exposed a2a (ms)", "EP share")
                                                               if ep_cols else ()):
-        table.add_column(col, justify="left" if col == "schedule" else "right")
+        table.add_column(col, justify="left" if col == "schedule" else "right", no_wrap=col == "schedule")
     for r in reports:
         table.add_row(
             r.schedule, f"{r.step_time_s * 1e3:.2f}", _fmt_pct(r.bubble_ratio), f"{r.exposed_comm_s * 1e3:.2f}",

@@ -176,7 +176,7 @@ def simulate(graph: TaskGraph) -> SimResult:
 
     def run(task: Task):
         if task.deps:
-            yield env.all_of([done[d] for d in task.deps])
+            yield done[task.deps[0]] if len(task.deps) == 1 else env.all_of([done[d] for d in task.deps])
         if task.resources:
             yield ports.acquire(task.resources)
         start = env.now

@@ -108,7 +108,6 @@ class PartTasks:
     action: Action
     compute: list[Task] = field(default_factory=list)
     comm: list[Task] = field(default_factory=list)
-    _pending: list[int] = field(default_factory=list)
 
 
 def flow_shop_makespan(d: float, l: float, c: float, waves: int) -> float:
@@ -251,16 +250,17 @@ def lower_moe_parts(
     lane = "-combine" if topology.parallel.a2a_links == "separate" else ""
     built = [PartTasks(a) for a in parts]
     chains = [chain(a, c) for a, c in zip(parts, chunks)]
+    pending: list[list[int]] = [[] for _ in parts]  # what each part's next compute waits for
     for idx, item in _interleave(chains):
         pt = built[idx]
         a = pt.action
         if isinstance(item, Compute):
             task = graph.add(
                 name=item.label, rank=rank, category="compute", kind=a.kind, duration_s=item.seconds,
-                deps=list(pt._pending), stream="compute", stage=a.stage, microbatch=a.microbatch,
+                deps=pending[idx], stream="compute", stage=a.stage, microbatch=a.microbatch,
             )
             pt.compute.append(task)
-            pt._pending = []
+            pending[idx] = []
             continue
         experts, sent, back = add_block(
             graph, rank, waves=waves, after=[pt.compute[-1].tid], expert_s=item.expert_s,
@@ -270,7 +270,7 @@ def lower_moe_parts(
         )
         pt.compute += experts
         pt.comm += sent + back
-        pt._pending = [t.tid for t in back] or [experts[-1].tid]
+        pending[idx] = [t.tid for t in back] or [experts[-1].tid]
     return built
 
 

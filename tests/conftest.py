@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from simtrain.hardware import load_profile
 from simtrain.models import ModelSpec, MoESpec
 from simtrain.parallel import ParallelConfig
 from simtrain.scenario import run_schedule
+from simtrain.schedules import Schedule, parse_action
 
 DATA = Path(__file__).parent / "data"
 
@@ -19,6 +21,29 @@ def reference_records(schedule: str) -> list[dict]:
     """Records of ``schedule`` (e.g. ``torch:1F1B``) in the copied schedule_orders.json."""
     records = json.loads((DATA / "schedule_orders.json").read_text())["records"]
     return [r for r in records if r["schedule"] == schedule and "orders" in r]
+
+
+def reference_schedule(name: str, p: int, m: int) -> Schedule:
+    """A deepseek:DualPipe / DualPipeV order from the reference data as a Schedule."""
+    rec = next(r for r in reference_records(name) if r["p"] == p and r["m"] == m)
+    stages = rec["num_stages"]
+    paths = [None] * m
+    for group in rec["paths"]:
+        for mb in group["microbatches"]:
+            paths[mb] = tuple(group["stages"])
+    return Schedule(
+        name=name, num_microbatches=m,
+        stage_to_rank=tuple(rec["stage_to_rank"][str(s)] for s in range(stages)),
+        orders=tuple(tuple(parse_action(a) for a in rec["orders"][str(r)]) for r in range(p)),
+        stage_chunk=tuple(s % p for s in range(stages)) if name.endswith("DualPipe") else None,
+        paths=tuple(paths),
+    )
+
+
+def unpaired(schedule: Schedule) -> Schedule:
+    """The same order with every overlapped F&B pair run as its two halves, one after the other."""
+    orders = tuple(tuple(p for a in order for p in a.parts) for order in schedule.orders)
+    return replace(schedule, name=schedule.name + " unpaired", orders=orders)
 
 
 def tiny_model(layers: int = 64, **kw) -> ModelSpec:

@@ -4,13 +4,14 @@ lowering (serial, waved, F&B pairing), forward-only steps, metrics and the CLI."
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from conftest import DATA, check_run, tiny_moe
+from conftest import check_run, reference_schedule, tiny_moe, unpaired
 from simtrain.cli import app
 from simtrain.costs import stage_costs
 from simtrain.errors import SimtrainError
@@ -20,7 +21,7 @@ from simtrain.moe import a2a_copies, expected_nodes, gpu_layer_params, routed_pa
 from simtrain.network import Topology, ring_all_reduce_s
 from simtrain.parallel import ParallelConfig
 from simtrain.scenario import run_schedule
-from simtrain.schedules import Schedule, ScheduleError, generate, parse_action, split_name
+from simtrain.schedules import ScheduleError, generate, split_name
 from simtrain.schedules.ir import Action, OverlapAction
 
 H800 = load_profile("h800")
@@ -238,30 +239,6 @@ def test_link_utilisation_is_busy_time_over_step_per_port_kind():
 
 
 # --------------------------------------------------------------------------- F&B pairing (DualPipe)
-def reference_schedule(name: str, p: int, m: int) -> Schedule:
-    """A deepseek:DualPipe / DualPipeV order from the reference data as a Schedule."""
-    rec = next(r for r in json.loads((DATA / "schedule_orders.json").read_text())["records"]
-               if r["schedule"] == name and r["p"] == p and r["m"] == m)
-    stages = rec["num_stages"]
-    paths = [None] * m
-    for group in rec["paths"]:
-        for mb in group["microbatches"]:
-            paths[mb] = tuple(group["stages"])
-    return Schedule(
-        name=name, num_microbatches=m,
-        stage_to_rank=tuple(rec["stage_to_rank"][str(s)] for s in range(stages)),
-        orders=tuple(tuple(parse_action(a) for a in rec["orders"][str(r)]) for r in range(p)),
-        stage_chunk=tuple(s % p for s in range(stages)) if name.endswith("DualPipe") else None,
-        paths=tuple(paths),
-    )
-
-
-def unpaired(schedule: Schedule) -> Schedule:
-    """The same order with every overlapped F&B pair run as its two halves, one after the other."""
-    orders = tuple(tuple(p for a in order for p in a.parts) for order in schedule.orders)
-    return replace(schedule, name=schedule.name + " unpaired", orders=orders)
-
-
 @pytest.mark.parametrize("name", ["deepseek:DualPipeV", "deepseek:DualPipe"])
 def test_fb_pairing_hides_all_to_all_behind_the_other_halfs_compute(name):
     model = balanced_moe(layers=9)
@@ -400,3 +377,40 @@ def test_dense_models_are_unchanged_by_the_moe_code():
     moe_run = run_schedule("1f1b", tiny_moe(), H800, par)
     assert moe_run.report.a2a_s == 0 and not (moe_run.result.trace["kind"] == "a2a").any()
     assert Action(0, "F", 0) in {a for o in moe_run.schedule.orders for a in o}
+
+
+# --------------------------------------------------------------------------- properties
+@settings(max_examples=20, deadline=None)
+@given(
+    schedule=st.sampled_from(["gpipe", "1f1b", "deepseek:DualPipeV", "deepseek:DualPipe"]),
+    m_mult=st.integers(1, 2),
+    ep=st.sampled_from([4, 8, 16]),
+    waves=st.sampled_from([1, 2, 4]),
+    forward_only=st.booleans(),
+    recompute=st.sampled_from(["selective", "full"]),
+    links=st.sampled_from(["shared", "separate"]),
+)
+def test_any_moe_configuration_simulates_completely(schedule, m_mult, ep, waves, forward_only, recompute, links):
+    model = tiny_moe(layers=8, moe=dict(num_experts=64))
+    m = 4 * m_mult
+    par = ParallelConfig(pp=2, dp=16, ep=ep, microbatches=m, waves=waves, forward_only=forward_only,
+                         recompute=recompute, a2a_links=links, zero_stage=1)
+    sched = reference_schedule(schedule, 2, m) if ":" in schedule else schedule
+    run = run_schedule(sched, model, H800, par, waved_ep=waves > 1)
+    trace = run.result.trace
+    if forward_only:
+        assert set(trace.loc[trace["category"] == "compute", "kind"]) == {"F"}
+        mem = run.result.memory
+        assert (mem.groupby("rank")["bytes"].last() - mem.groupby("rank")["bytes"].first()).abs().max() < 1e-3
+    else:
+        check_run(run, contiguous=False)
+    # every MoE block moves its bytes once, whatever the waves: 2 all-to-alls per block in F, 2 in B
+    # (+2 replayed under full recomputation)
+    blocks = sum(len(run.costs.chunks[run.schedule.chunk_of(s)].moe.blocks) for s in range(run.schedule.num_stages)
+                 if run.costs.chunks[run.schedule.chunk_of(s)].moe is not None)
+    per_block = run.costs.chunks[-1].moe.blocks[0]
+    one = per_block.dispatch.link_bytes("nvlink") + per_block.dispatch.link_bytes("nic")
+    a2a_per_block = 2 if forward_only else (6 if recompute == "full" else 4)
+    expected = blocks * m * a2a_per_block * one * (1 if schedule != "deepseek:DualPipe" else 0.5)
+    assert trace.loc[trace["kind"] == "a2a", "bytes"].sum() == pytest.approx(expected)
+    assert 0 <= run.report.exposed_a2a_s <= run.report.a2a_s + 1e-12

@@ -46,32 +46,18 @@ from dataclasses import dataclass, field
 
 from .costs import ChunkCost
 from .engine import Task, TaskGraph
-from .moe import A2ACost, MoEBlock
+from .moe import A2ACost, A2APart, MoEBlock
 from .network import Topology
 from .schedules.ir import Action
 
 
 @dataclass(frozen=True)
 class Transfer:
-    """One link class's share of an all-to-all, as the engine runs it.
+    """One link class's share of an all-to-all (``part``: its bytes and seconds) and the engine
+    ports it holds while it runs (``resources``)."""
 
-    Attributes:
-        link: ``"nvlink"`` / ``"nic"`` (or any label in hand-made graphs).
-        latency_s: paid by every wave.
-        transfer_s: seconds of all the bytes; a wave takes ``1/w`` of them.
-        nbytes: bytes of the whole all-to-all on this link.
-        resources: engine ports held while it runs.
-    """
-
-    link: str
-    latency_s: float
-    transfer_s: float
-    nbytes: float
+    part: A2APart
     resources: tuple[str, ...]
-
-    def wave_s(self, waves: int) -> float:
-        """Seconds of one of ``waves`` waves."""
-        return self.latency_s + self.transfer_s / waves
 
 
 @dataclass(frozen=True)
@@ -158,7 +144,7 @@ def transfers(cost: A2ACost, topology: Topology, rank: int, lane: str = "") -> l
     :meth:`simtrain.network.Topology.a2a_routes`)."""
     nvlink, nic = topology.a2a_routes(rank, lane)
     ports = {"nvlink": nvlink.resources, "nic": nic.resources}
-    return [Transfer(p.link, p.latency_s, p.transfer_s, p.nbytes, ports[p.link]) for p in cost.parts]
+    return [Transfer(p, ports[p.link]) for p in cost.parts]
 
 
 def add_block(
@@ -217,8 +203,8 @@ def add_block(
 
 def _transfer_task(graph, rank, t: Transfer, waves, deps, name, stage, microbatch) -> Task:
     return graph.add(
-        name=f"{name} {t.link}", rank=rank, category="comm", kind="a2a", duration_s=t.wave_s(waves),
-        deps=deps, resources=t.resources, stage=stage, microbatch=microbatch, nbytes=t.nbytes / waves,
+        name=f"{name} {t.part.link}", rank=rank, category="comm", kind="a2a", duration_s=t.part.seconds(waves),
+        deps=deps, resources=t.resources, stage=stage, microbatch=microbatch, nbytes=t.part.nbytes / waves,
     )
 
 

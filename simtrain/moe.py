@@ -109,8 +109,8 @@ class MoEBlock:
     Attributes:
         layer: 0-based layer index.
         expert_forward_s, expert_backward_input_s, expert_backward_weight_s: seconds of the local
-            experts' GEMMs on the most loaded rank (backward-for-inputs includes the experts'
-            forward replay under full recomputation).
+            experts' GEMMs on the most loaded rank (under full recomputation the backward also
+            replays ``expert_forward_s``, with its dispatch and combine).
         dispatch: tokens to the experts (in backward: output gradients to the experts).
         combine: expert outputs back to the tokens' ranks (in backward: input gradients back).
     """
@@ -356,7 +356,7 @@ def chunk_cost(
             block = MoEBlock(
                 layer=layer,
                 expert_forward_s=expert_flops * imb / rate,
-                expert_backward_input_s=expert_flops * (2 if full else 1) * imb / rate,
+                expert_backward_input_s=expert_flops * imb / rate,
                 expert_backward_weight_s=expert_flops * imb / rate,
                 dispatch=dispatch,
                 combine=combine,
@@ -374,9 +374,10 @@ def imbalance_extra_s(moe: MoEChunkCost | None, imbalance: float) -> tuple[float
         return 0.0, 0.0, 0.0
     share = (imbalance - 1) / imbalance
     blocks = moe.blocks
+    replay = moe.full_recompute
     return (
         share * sum(b.expert_forward_s for b in blocks),
-        share * sum(b.expert_backward_input_s for b in blocks),
+        share * sum(b.expert_backward_input_s + (b.expert_forward_s if replay else 0.0) for b in blocks),
         share * sum(b.expert_backward_weight_s for b in blocks),
     )
 

@@ -105,7 +105,9 @@ def test_segments_add_up_to_the_chunk_costs(recompute):
         segs = ch.moe.segments
         assert len(ch.moe.blocks) == len(ch.layers) and segs[-1].block is None
         f = sum(s.forward_s + (s.block.expert_forward_s if s.block else 0) for s in segs)
-        i = sum(s.backward_input_s + s.recompute_s + (s.block.expert_backward_input_s if s.block else 0)
+        replay = recompute == "full"  # backward replays each block's expert forward
+        i = sum(s.backward_input_s + s.recompute_s
+                + (s.block.expert_backward_input_s + replay * s.block.expert_forward_s if s.block else 0)
                 for s in segs)
         w = sum(s.backward_weight_s + (s.block.expert_backward_weight_s if s.block else 0) for s in segs)
         assert (f, i, w) == pytest.approx((ch.forward_s, ch.backward_input_s, ch.backward_weight_s), rel=1e-12)
@@ -414,3 +416,10 @@ def test_any_moe_configuration_simulates_completely(schedule, m_mult, ep, waves,
     expected = blocks * m * a2a_per_block * one * (1 if schedule != "deepseek:DualPipe" else 0.5)
     assert trace.loc[trace["kind"] == "a2a", "bytes"].sum() == pytest.approx(expected)
     assert 0 <= run.report.exposed_a2a_s <= run.report.a2a_s + 1e-12
+    # the sub-operations of every action add up to its chunk's F, B, I or W seconds
+    comp = trace[(trace["category"] == "compute") & trace["stage"].notna()]
+    busy = (comp["end_s"] - comp["start_s"]).groupby([comp["stage"], comp["microbatch"], comp["kind"]]).sum()
+    for (stage, _, kind), seconds in busy.items():
+        c = run.costs.chunks[run.schedule.chunk_of(int(stage))]
+        cost = {"F": c.forward_s, "B": c.backward_s, "I": c.backward_input_s, "W": c.backward_weight_s}[kind]
+        assert seconds == pytest.approx(cost, rel=1e-9)

@@ -17,17 +17,22 @@ from hypothesis import strategies as st
 from conftest import DATA
 from simtrain.engine import TaskGraph, simulate
 from simtrain.ep_lowering import Transfer, add_block, flow_shop_makespan
+from simtrain.moe import A2APart
 
 CASES = json.loads((DATA / "waved_ep_model.json").read_text())["cases"]
 WAVES = (1, 2, 3, 4, 8, 16, 64)
 
 
+def link(latency_s: float, transfer_s: float, nbytes: float, port: str) -> list[Transfer]:
+    return [Transfer(A2APart("x", nbytes, latency_s, transfer_s), (port,))]
+
+
 def block_makespan(d: float, l: float, c: float, waves: int, shared: bool) -> float:
     """Simulate one MoE block on one rank: the lowering's own wave builder, no latency."""
     g = TaskGraph(num_ranks=1)
-    link_d, link_c = (("link",), ("link",)) if shared else (("dispatch",), ("combine",))
-    add_block(g, 0, waves=waves, after=[], expert_s=l,
-              to_experts=[Transfer("x", 0.0, d, 0.0, link_d)], back=[Transfer("x", 0.0, c, 0.0, link_c)])
+    port_d, port_c = ("link", "link") if shared else ("dispatch", "combine")
+    add_block(g, 0, waves=waves, after=[], expert_s=l, to_experts=link(0.0, d, 0.0, port_d),
+              back=link(0.0, c, 0.0, port_c))
     res = simulate(g)
     assert len(res.trace) == 3 * waves
     return res.makespan_s
@@ -63,8 +68,8 @@ def test_flow_shop_formula_holds_exactly_for_any_times(d, l, c, waves):
 def test_one_wave_is_serial_and_waves_pay_latency_each():
     # latency 1 per wave on each transfer: w waves pay it w times
     g = TaskGraph(num_ranks=1)
-    add_block(g, 0, waves=4, after=[], expert_s=8.0, to_experts=[Transfer("x", 1.0, 4.0, 400.0, ("d",))],
-              back=[Transfer("x", 1.0, 4.0, 400.0, ("c",))])
+    add_block(g, 0, waves=4, after=[], expert_s=8.0, to_experts=link(1.0, 4.0, 400.0, "d"),
+              back=link(1.0, 4.0, 400.0, "c"))
     res = simulate(g)
     a2a = res.trace[res.trace["kind"] == "a2a"]
     assert len(a2a) == 8 and (a2a["end_s"] - a2a["start_s"]).tolist() == [2.0] * 8
@@ -77,8 +82,7 @@ def test_waves_wait_for_what_precedes_the_block():
     g = TaskGraph(num_ranks=1)
     attn = g.add(name="attention", rank=0, category="compute", kind="F", duration_s=3.0, stream="compute")
     experts, sent, back = add_block(g, 0, waves=2, after=[attn.tid], expert_s=2.0,
-                                    to_experts=[Transfer("x", 0.0, 2.0, 0.0, ("d",))],
-                                    back=[Transfer("x", 0.0, 2.0, 0.0, ("c",))])
+                                    to_experts=link(0.0, 2.0, 0.0, "d"), back=link(0.0, 2.0, 0.0, "c"))
     rows = simulate(g).trace.set_index("name")
     assert min(rows.loc[t.name, "start_s"] for t in sent) == 3.0
     for e, s, b in zip(experts, sent, back):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .dualpipe import dualpipe
+from .dualpipev import dualpipev
 from .gpipe import gpipe
 from .ir import Action, OverlapAction, Schedule, ScheduleError, parse_action
 from .one_f_one_b import one_f_one_b
@@ -35,6 +37,8 @@ class ScheduleInfo:
 REGISTRY: dict[str, ScheduleInfo] = {
     "gpipe": ScheduleInfo(gpipe, "GPipe: all forwards then all backwards (Huang et al. 2019)"),
     "1f1b": ScheduleInfo(one_f_one_b, "1F1B / PipeDream-Flush (Narayanan et al. 2021)"),
+    "dualpipe": ScheduleInfo(dualpipe, "DualPipe: two directions, overlapped F&B pairs (DeepSeek-V3 report §3.2.1)"),
+    "dualpipev": ScheduleInfo(dualpipev, "DualPipeV: DualPipe cut in half, V placement (Sea AI Lab; deepseek-ai/DualPipe)"),
 }
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from .costs import StageCosts
 from .engine import Task, TaskGraph
 from .network import Topology, ring_all_gather_s, ring_all_reduce_s, ring_reduce_scatter_s
-from .schedules.ir import Action, Schedule
+from .schedules.ir import Action, OverlapAction, Schedule
 
 
 def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool = True) -> TaskGraph:
@@ -57,9 +57,17 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
 
     for rank, order in enumerate(schedule.orders):
         tp_route = topology.tp_route(rank)
-        dp_route = topology.dp_route(rank)
-        prev: Task | None = None
+        after: list[int] = []  # tasks the rank's next action waits for
         for act in order:
+            if isinstance(act, OverlapAction):
+                after = _lower_pair(graph, act, rank, after, chunk, topology, comm, first, last)
+                b = act.backward
+                if b in grad_buckets:  # all buckets after the pair (DualPipe(V) never has this)
+                    bucket_bytes = chunk[b.stage].params * costs.grad_bytes_per_param / parallel.dp_buckets
+                    dp_tasks[rank] += [
+                        _dp_bucket(graph, b, i, bucket_bytes, last[b], topology, dp) for i in range(parallel.dp_buckets)
+                    ]
+                continue
             for a in act.parts:
                 c = chunk[a.stage]
                 duration = {
@@ -76,34 +84,100 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
                 for i in range(pieces):
                     task = graph.add(
                         name=str(a), rank=rank, category="compute", kind=a.kind,
-                        duration_s=duration / pieces, deps=[prev.tid] if prev else [],
+                        duration_s=duration / pieces, deps=list(after),
                         stream="compute", stage=a.stage, microbatch=a.microbatch,
                         mem_start=mem_start if i == 0 else [],
                         mem_end=mem_end if i == pieces - 1 else [],
                     )
                     if i == 0:
                         first[a] = task
-                    prev = task
+                    after = [task.tid]
                     if a in grad_buckets:
-                        reduce = ring_reduce_scatter_s if parallel.zero_stage >= 1 else ring_all_reduce_s
-                        dp_tasks[rank].append(graph.add(
-                            name=f"dp grad stage {a.stage} bucket {i}", rank=rank, category="comm",
-                            kind="dp", stream="dp", deps=[task.tid], resources=dp_route.resources,
-                            duration_s=reduce(bucket_bytes, dp, dp_route.link, dp_route.bandwidth_bytes_per_s),
-                            stage=a.stage, nbytes=bucket_bytes,
-                        ))
+                        dp_tasks[rank].append(_dp_bucket(graph, a, i, bucket_bytes, task, topology, dp))
                 tp_s = {"F": c.tp_forward_s, "B": c.tp_backward_s, "I": c.tp_backward_s}.get(a.kind, 0.0)
                 if comm and tp_s > 0:
-                    prev = graph.add(
+                    task = graph.add(
                         name=f"tp {a}", rank=rank, category="comm", kind="tp", stream="tp",
-                        duration_s=tp_s, deps=[prev.tid], resources=tp_route.resources,
+                        duration_s=tp_s, deps=[task.tid], resources=tp_route.resources,
                         stage=a.stage, microbatch=a.microbatch,
                     )
-                last[a] = prev
+                    after = [task.tid]
+                last[a] = task
 
     _add_pipeline_dependencies(schedule, graph, first, last, chunk, topology, comm)
     _add_optimizer(schedule, graph, costs, topology, rank_params, dp_tasks, dp)
     return graph
+
+
+def _dp_bucket(graph: TaskGraph, a: Action, i: int, nbytes: float, after: Task, topology: Topology, dp: int) -> Task:
+    """DP reduction (all-reduce, or reduce-scatter under ZeRO-1) of bucket ``i`` of ``a``'s
+    weight gradients, ``nbytes`` bytes, on the rank's ``dp`` stream once ``after`` ends."""
+    rank = after.rank
+    route = topology.dp_route(rank)
+    reduce = ring_reduce_scatter_s if topology.parallel.zero_stage >= 1 else ring_all_reduce_s
+    return graph.add(
+        name=f"dp grad stage {a.stage} bucket {i}", rank=rank, category="comm", kind="dp", stream="dp",
+        deps=[after.tid], resources=route.resources,
+        duration_s=reduce(nbytes, dp, route.link, route.bandwidth_bytes_per_s), stage=a.stage, nbytes=nbytes,
+    )
+
+
+def _lower_pair(graph, pair, rank, after, chunk, topology, comm, first, last) -> list[int]:
+    """Lower an overlapped forward-and-backward pair (DualPipe's F&B) on ``rank``.
+
+    Each half is cut into one slice per transformer layer of its chunk, and the slices alternate
+    on the compute stream, backward slice first: in DeepSeek's published DualPipe training
+    profile (deepseek-ai/profile-data, train.json: a pair of 4-layer chunks) every layer pair
+    issues the backward's combine and MLP work around the forward's attention, and the pair ends
+    with the forward's last combine. Every slice takes its share of the half's compute times the
+    profile's ``overlap_compute_factor``, and is followed on the ``tp`` stream by its share of the
+    half's TP collectives; the half's next slice waits for them, the other half's does not, so
+    each half's communication overlaps the other's compute. A half is done when its last slice
+    and that slice's collectives are; with ``overlap_sends == "per_half"`` its p2p send leaves
+    then, with ``"after_pair"`` both halves' sends wait for the end of the whole pair.
+
+    Args:
+        after: ids of the tasks the pair waits for (the rank's previous action).
+
+    Returns:
+        Ids of the tasks the rank's next action waits for: the last task of each half.
+    """
+    hw = topology.hardware
+    tp_route = topology.tp_route(rank)
+    halves = []
+    for a in (pair.forward, pair.backward):
+        c = chunk[a.stage]
+        seconds = {"F": c.forward_s, "B": c.backward_s, "I": c.backward_input_s}[a.kind]
+        tp_s = (c.tp_forward_s if a.kind == "F" else c.tp_backward_s) if comm else 0.0
+        mem = {"F": c.activation_bytes, "B": -c.activation_bytes, "I": c.weight_grad_bytes - c.activation_bytes}
+        halves.append((a, max(1, len(c.layers)), seconds * hw.overlap_compute_factor, tp_s, mem[a.kind]))
+    waits = {a: list(after) for a, *_ in halves}
+    end = None
+    for i in range(max(n for _, n, *_ in halves)):
+        for a, n, seconds, tp_s, mem in halves:
+            if i >= n:
+                continue
+            task = graph.add(
+                name=f"{a} ({i + 1}/{n})", rank=rank, category="compute", kind=a.kind, stream="compute",
+                duration_s=seconds / n, deps=list(waits[a]), stage=a.stage, microbatch=a.microbatch,
+                mem_start=[(rank, mem)] if a.kind == "F" and i == 0 else [],
+                mem_end=[(rank, mem)] if a.kind != "F" and i == n - 1 else [],
+            )
+            if i == 0:
+                first[a] = task
+            if tp_s > 0:
+                task = graph.add(
+                    name=f"tp {a} ({i + 1}/{n})", rank=rank, category="comm", kind="tp", stream="tp",
+                    duration_s=tp_s / n, deps=[task.tid], resources=tp_route.resources,
+                    stage=a.stage, microbatch=a.microbatch,
+                )
+            waits[a] = [task.tid]
+            last[a] = end = task
+    ends = [last[a].tid for a in pair.parts]
+    if hw.overlap_sends == "after_pair":  # both sends wait for the later-listed half's end
+        for a in pair.parts:
+            last[a] = end
+    return ends
 
 
 def _weight_grad_finishers(schedule: Schedule) -> set[Action]:

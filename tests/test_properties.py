@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,4 +27,35 @@ def test_any_valid_config_simulates_consistently(name, p, m, dp):
     run = run_schedule(name, tiny_model(), H100, par)
     check_run(run)
     again = run_schedule(name, tiny_model(), H100, par)
+    assert run.result.trace.equals(again.result.trace)
+
+
+@st.composite
+def _dualpipe_configs(draw):
+    """Valid DualPipe (even pp, even m >= 2pp) and DualPipeV (m >= 2pp) configurations."""
+    name = draw(st.sampled_from(["dualpipe", "dualpipev"]))
+    if name == "dualpipe":
+        p = 2 * draw(st.integers(1, 8))
+        m = 2 * draw(st.integers(p, 32))
+    else:
+        p = draw(st.integers(1, 8))
+        m = draw(st.integers(2 * p, 64))
+    return name, p, m
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    config=_dualpipe_configs(),
+    dp=st.sampled_from([1, 2]),
+    tp=st.sampled_from([1, 2]),
+    sends=st.sampled_from(["per_half", "after_pair"]),
+    factor=st.sampled_from([1.0, 1.25]),
+)
+def test_dualpipe_family_simulates_consistently(config, dp, tp, sends, factor):
+    name, p, m = config
+    hw = dataclasses.replace(H100, overlap_sends=sends, overlap_compute_factor=factor)
+    par = ParallelConfig(pp=p, microbatches=m, dp=dp, tp=tp, seq_len=64)
+    run = run_schedule(name, tiny_model(), hw, par)
+    check_run(run)
+    again = run_schedule(name, tiny_model(), hw, par)
     assert run.result.trace.equals(again.result.trace)

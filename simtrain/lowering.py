@@ -12,9 +12,17 @@ Communication follows from data dependencies, so every schedule gets it without 
 * data-parallel gradient reduction: the last backward that produces a stage's weight gradients
   (its last W, or its last B) is cut into ``dp_buckets`` equal pieces; after each piece one bucket
   is all-reduced (reduce-scattered under ZeRO-1) on the rank's ``dp`` stream, overlapping the rest
-  of the backward (Li et al. 2020, "PyTorch Distributed", §3.2.3 gradient bucketing);
+  of the backward (Li et al. 2020, "PyTorch Distributed", §3.2.3 gradient bucketing). When a
+  model chunk is computed on two ranks (DualPipe keeps two copies), the group is both copies'
+  DP replicas (2·dp GPUs, also when dp = 1) and each bucket waits until both copies have it;
 * each rank ends with its optimizer step (memory-bound Adam) after its reductions, and, under
   ZeRO-1, an all-gather of the updated parameters.
+
+An overlapped forward-and-backward pair (DualPipe's F&B) is lowered by :func:`_lower_pair`: its two
+halves alternate layer by layer on the compute stream, each layer's TP collectives overlapping the
+other half's next layer; its compute is scaled by the profile's ``overlap_compute_factor``, and
+its p2p sends leave when their half is done (``overlap_sends = "per_half"``, the default) or when
+the whole pair is (``"after_pair"``).
 
 Memory: each rank starts with the static bytes of the chunks it holds; F allocates its chunk's
 activation when it starts; B frees it when it ends; I frees all but what W needs; W frees the rest.
@@ -50,7 +58,11 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
     graph.static_memory_bytes = [p * costs.static_bytes_per_param for p in rank_params]
 
     dp = parallel.dp if comm else 1
-    grad_buckets = _weight_grad_finishers(schedule) if dp > 1 else {}
+    holders = {c: tuple(sorted({schedule.stage_to_rank[s] for s in range(schedule.num_stages)
+                                if schedule.chunk_of(s) == c})) for c in range(schedule.num_chunks)}
+    group_of = {s: holders[schedule.chunk_of(s)] for s in range(schedule.num_stages)}  # ranks reducing s
+    grad_buckets = {a for a in _weight_grad_finishers(schedule) if dp * len(group_of[a.stage]) > 1} if comm else set()
+    buckets: dict[int, list[tuple[Task, Task]]] = {}  # stage -> (compute piece, its reduction)
     first: dict[Action, Task] = {}  # first task of each action (deps attach here)
     last: dict[Action, Task] = {}  # task whose end means the action is done
     dp_tasks: dict[int, list[Task]] = {r: [] for r in range(schedule.num_ranks)}
@@ -64,9 +76,10 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
                 b = act.backward
                 if b in grad_buckets:  # all buckets after the pair (DualPipe(V) never has this)
                     bucket_bytes = chunk[b.stage].params * costs.grad_bytes_per_param / parallel.dp_buckets
-                    dp_tasks[rank] += [
-                        _dp_bucket(graph, b, i, bucket_bytes, last[b], topology, dp) for i in range(parallel.dp_buckets)
-                    ]
+                    for i in range(parallel.dp_buckets):
+                        reduce = _dp_bucket(graph, b, i, bucket_bytes, last[b], topology, group_of[b.stage])
+                        buckets.setdefault(b.stage, []).append((last[b], reduce))
+                        dp_tasks[rank].append(reduce)
                 continue
             for a in act.parts:
                 c = chunk[a.stage]
@@ -93,7 +106,9 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
                         first[a] = task
                     after = [task.tid]
                     if a in grad_buckets:
-                        dp_tasks[rank].append(_dp_bucket(graph, a, i, bucket_bytes, task, topology, dp))
+                        reduce = _dp_bucket(graph, a, i, bucket_bytes, task, topology, group_of[a.stage])
+                        buckets.setdefault(a.stage, []).append((task, reduce))
+                        dp_tasks[rank].append(reduce)
                 tp_s = {"F": c.tp_forward_s, "B": c.tp_backward_s, "I": c.tp_backward_s}.get(a.kind, 0.0)
                 if comm and tp_s > 0:
                     task = graph.add(
@@ -104,21 +119,30 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
                     after = [task.tid]
                 last[a] = task
 
+    for stage, pieces in buckets.items():  # a chunk's copies reduce bucket i together
+        for other in buckets:
+            if other != stage and schedule.chunk_of(other) == schedule.chunk_of(stage):
+                for (_, reduce), (piece, _) in zip(pieces, buckets[other]):
+                    reduce.deps.append(piece.tid)
     _add_pipeline_dependencies(schedule, graph, first, last, chunk, topology, comm)
     _add_optimizer(schedule, graph, costs, topology, rank_params, dp_tasks, dp)
     return graph
 
 
-def _dp_bucket(graph: TaskGraph, a: Action, i: int, nbytes: float, after: Task, topology: Topology, dp: int) -> Task:
-    """DP reduction (all-reduce, or reduce-scatter under ZeRO-1) of bucket ``i`` of ``a``'s
-    weight gradients, ``nbytes`` bytes, on the rank's ``dp`` stream once ``after`` ends."""
+def _dp_bucket(
+    graph: TaskGraph, a: Action, i: int, nbytes: float, after: Task, topology: Topology, holders: tuple[int, ...]
+) -> Task:
+    """Gradient reduction (all-reduce, or reduce-scatter under ZeRO-1) of bucket ``i`` of ``a``'s
+    weight gradients, ``nbytes`` bytes, over the DP replicas of every pipeline rank in
+    ``holders`` (the ranks computing ``a``'s chunk), on the rank's ``dp`` stream after ``after``."""
     rank = after.rank
-    route = topology.dp_route(rank)
+    route = topology.gradient_route(rank, holders)
+    group = topology.parallel.dp * len(holders)
     reduce = ring_reduce_scatter_s if topology.parallel.zero_stage >= 1 else ring_all_reduce_s
     return graph.add(
         name=f"dp grad stage {a.stage} bucket {i}", rank=rank, category="comm", kind="dp", stream="dp",
         deps=[after.tid], resources=route.resources,
-        duration_s=reduce(nbytes, dp, route.link, route.bandwidth_bytes_per_s), stage=a.stage, nbytes=nbytes,
+        duration_s=reduce(nbytes, group, route.link, route.bandwidth_bytes_per_s), stage=a.stage, nbytes=nbytes,
     )
 
 

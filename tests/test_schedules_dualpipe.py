@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from conftest import DATA, reference_records, tiny_model, unit_run
+from conftest import DATA, check_run, reference_records, tiny_model, unit_run
 from simtrain.hardware import load_profile
 from simtrain.parallel import ParallelConfig
 from simtrain.scenario import run_schedule
@@ -162,3 +162,64 @@ def test_parameters_twice_1f1b_for_dualpipe_not_for_dualpipev():
     v = static("dualpipev", 4, 8)
     assert sum(v) == pytest.approx(sum(one))  # two half-size chunks per rank: 1x in all
     assert max(v) < 1.2 * max(one)
+
+
+def test_two_copies_reduce_their_gradients_together():
+    # DualPipe holds each chunk on ranks k and pp-1-k; their gradients are summed every step, so
+    # even with dp = 1 each stage's gradients are all-reduced over the 2 copies (and with dp = 2
+    # over 4 GPUs), each bucket starting once both copies have produced it.
+    from simtrain.network import Topology, ring_all_reduce_s
+
+    hw = load_profile("h100-sxm")
+    for dp in (1, 2):
+        par = ParallelConfig(pp=4, dp=dp, tp=8, microbatches=8, seq_len=64)
+        run = run_schedule("dualpipe", tiny_model(num_heads=8), hw, par)
+        t = run.result.trace
+        red = t[t["name"].str.startswith("dp grad")]
+        assert sorted(red["stage"].unique()) == list(range(8))
+        assert len(red) == 8 * par.dp_buckets
+        topo = Topology(hw, par)
+        finisher = {}  # stage -> its last B or W (the action that completes its weight gradients)
+        for order in run.schedule.orders:
+            for act in order:
+                for a in act.parts:
+                    if a.kind in ("B", "W"):
+                        finisher[a.stage] = a
+        for row in red.itertuples():
+            twin = 3 - row.rank
+            route = topo.gradient_route(row.rank, tuple(sorted((row.rank, twin))))
+            assert route.link.name == hw.inter_node.name  # tp 8: every pipeline rank is its own node
+            assert row.end_s - row.start_s == pytest.approx(
+                ring_all_reduce_s(row.bytes, 2 * dp, route.link, route.bandwidth_bytes_per_s))
+            # bucket i waits for piece i of both copies' finishing backward
+            bucket = int(row.name.rsplit(" ", 1)[1])
+            for stage in (row.stage % 4, 4 + row.stage % 4):
+                f = finisher[stage]
+                pieces = t[(t["name"] == str(f)) & (t["stage"] == stage)].sort_values("start_s")
+                assert len(pieces) == par.dp_buckets
+                assert pieces["end_s"].iloc[bucket] <= row.start_s + 1e-12
+        check_run(run)
+    one = run_schedule("1f1b", tiny_model(num_heads=8), hw, ParallelConfig(pp=4, tp=8, microbatches=8, seq_len=64))
+    assert not one.result.trace["name"].str.startswith("dp grad").any()
+
+
+def test_a_copy_waits_for_the_other_copys_gradients():
+    # Two ranks each compute the same chunk for different microbatches (a hand-made schedule);
+    # rank 1 has twice the work, so rank 0's reduction of bucket i must wait for rank 1's.
+    from simtrain.costs import stage_costs
+    from simtrain.engine import simulate
+    from simtrain.lowering import lower
+    from simtrain.network import Topology
+    from simtrain.schedules.ir import Schedule, parse_action
+
+    orders = ["0F0 0B0", "1F1 1B1 1F2 1B2"]
+    schedule = Schedule("copies", 3, (0, 1), tuple(tuple(parse_action(a) for a in o.split()) for o in orders),
+                        stage_chunk=(0, 0), paths=((0,), (1,), (1,)))
+    schedule.validate()
+    hw = load_profile("h100-sxm")
+    par = ParallelConfig(pp=2, microbatches=3, seq_len=64)
+    t = simulate(lower(schedule, stage_costs(tiny_model(), par, hw, 1), Topology(hw, par))).trace
+    for i in range(par.dp_buckets):
+        mine = t[t["name"] == f"dp grad stage 0 bucket {i}"].iloc[0]
+        theirs = t[t["name"] == "1B2"].sort_values("start_s").iloc[i]
+        assert mine["start_s"] >= theirs["end_s"] > t[t["name"] == "0B0"]["end_s"].max()

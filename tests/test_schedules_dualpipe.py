@@ -223,3 +223,41 @@ def test_a_copy_waits_for_the_other_copys_gradients():
         mine = t[t["name"] == f"dp grad stage 0 bucket {i}"].iloc[0]
         theirs = t[t["name"] == "1B2"].sort_values("start_s").iloc[i]
         assert mine["start_s"] >= theirs["end_s"] > t[t["name"] == "0B0"]["end_s"].max()
+
+
+def test_cli_reproduces_the_readme_bubble_and_rejects_bad_configs(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from simtrain.cli import app
+    from simtrain.hardware import PROFILE_DIR
+
+    profile = yaml.safe_load((PROFILE_DIR / "h100-sxm.yaml").read_text())
+    profile["overlap"] = {"sends": "after_pair"}
+    path = tmp_path / "h100-after-pair.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    common = ["compare", "--model", "llama3-8b", "--hardware", str(path), "--microbatches", "16",
+              "--op-times", "1,1,1", "--no-comm", "--json"]
+    res = CliRunner().invoke(app, common + ["--pp", "8", "--schedules", "dualpipe"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)[0]["bubble_time_s_per_rank"] == pytest.approx([(8 / 2 - 1) * 2.0] * 8)
+    res = CliRunner().invoke(app, common + ["--pp", "4", "--schedules", "dualpipev"])
+    assert json.loads(res.stdout)[0]["bubble_time_s_per_rank"] == pytest.approx([(8 / 2 - 1) * 2.0] * 4)
+    res = CliRunner().invoke(app, common + ["--pp", "6", "--microbatches", "10", "--schedules", "dualpipe"])
+    assert res.exit_code == 2 and "at least 2 x pp = 12" in res.stderr.replace("\n", " ")
+
+
+def test_pairs_hide_tensor_parallel_communication_on_a_real_preset():
+    # Llama 3 8B, TP 8 (one node per stage), PP 4, 16 microbatches of 4096 tokens: the TP
+    # collectives dominate communication. 1F1B waits for each action's collectives; in a pair
+    # they run while the other half computes.
+    from simtrain.models import load_model
+
+    par = ParallelConfig(pp=4, tp=8, microbatches=16, seq_len=4096)
+    hw = load_profile("h100-sxm")
+    reports = {n: run_schedule(n, load_model("llama3-8b"), hw, par).report for n in ("1f1b", "dualpipe", "dualpipev")}
+    assert reports["1f1b"].overlap_ratio < 0.1
+    for name in ("dualpipe", "dualpipev"):
+        assert reports[name].exposed_comm_s < 0.6 * reports["1f1b"].exposed_comm_s
+        assert reports[name].overlap_ratio > 0.5
+        assert reports[name].step_time_s < reports["1f1b"].step_time_s

@@ -150,10 +150,11 @@ def _lower_pair(graph, pair, rank, after, chunk, topology, comm, first, last) ->
     """Lower an overlapped forward-and-backward pair (DualPipe's F&B) on ``rank``.
 
     Each half is cut into one slice per transformer layer of its chunk, and the slices alternate
-    on the compute stream, backward slice first: in DeepSeek's published DualPipe training
-    profile (deepseek-ai/profile-data, train.json: a pair of 4-layer chunks) every layer pair
-    issues the backward's combine and MLP work around the forward's attention, and the pair ends
-    with the forward's last combine. Every slice takes its share of the half's compute times the
+    on the compute stream, forward slice first. This follows DeepSeek's published DualPipe
+    training profile (deepseek-ai/profile-data, train.json: one pair of 4-layer chunks), which
+    overlaps the pair layer by layer; within each layer pair the compute starts with the
+    forward's attention and ends with the backward's attention (input, then weight gradients).
+    Every slice takes its share of the half's compute times the
     profile's ``overlap_compute_factor``, and is followed on the ``tp`` stream by its share of the
     half's TP collectives; the half's next slice waits for them, the other half's does not, so
     each half's communication overlaps the other's compute. A half is done when its last slice

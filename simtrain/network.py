@@ -98,7 +98,8 @@ class Topology:
         """
         first = self.parallel.gpu_id(pp_rank)
         last = first + stride * (size - 1)
-        return self._collective_route(pp_rank, first // self.hardware.gpus_per_node == last // self.hardware.gpus_per_node)
+        per_node = self.hardware.gpus_per_node
+        return self._collective_route(pp_rank, first // per_node == last // per_node)
 
     def gradient_route(self, pp_rank: int, holders: tuple[int, ...]) -> Route:
         """Route of the gradient reduction of a model chunk held by pipeline ranks ``holders`` (one

@@ -34,9 +34,12 @@ step  reference name  count           what runs
 Deferred W run first in, first out (the reference's ``WeightGradStore`` queue). Overlapped pairs
 use the full backward B, as the reference does.
 
-With unit op-times (F = I = W = 1, B = 2, F&B = 3) the DualPipe README's bubble is
-``(PP/2-1)(F&B+B-3W)`` with PP = pp stages of one direction; see the tests for the exact
-quantity this equals in simtrain's trace.
+With unit op-times (F = I = W = 1, B = 2, F&B = 3) and free communication, every rank's idle
+time over the step equals the DualPipe README's bubble ``(PP/2-1)(F&B+B-3W)`` (PP = pp, the stages
+of one direction) when a pair's outputs leave at the end of the pair, as the README's figure draws
+it; when each half's output leaves as soon as that half is done (simtrain's default, see
+:mod:`simtrain.lowering`) it is up to one layer slice per bubble step shorter. Every rank holds at
+most PP+1 activations (the README's "PP+1").
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ Cutting DualPipe on ``2·pp`` ranks in half keeps its first ``pp`` ranks: phase 
 descending stage r, phase 1 the ascending stage ``2pp-1-r``, and both phases carry the same
 ``m`` microbatches. The reference's ``step()`` is then DualPipe's with ``n = pp`` ranks in the
 half, position ``k = r`` and ``m`` microbatches per phase, so the eight steps are shared:
-:func:`simtrain.schedules.dualpipe.eight_steps`.
+:func:`simtrain.schedules.dualpipe.eight_steps`. With unit op-times its bubble and activations
+are DualPipe's with the README's PP = 2·pp stages: ``(pp-1)(F&B+B-3W)`` idle per rank when pairs
+send at their end, and at most 2·pp+1 stage activations per rank.
 """
 
 from __future__ import annotations

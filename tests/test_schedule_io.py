@@ -167,3 +167,21 @@ def test_schedule_validate_names_rank_and_action():
 def _act(text: str) -> Action:
     from simtrain.schedules import parse_action
     return parse_action(text)
+
+
+def test_the_issue_comparison_runs_all_five(tmp_path):
+    out = tmp_path / "cmp.html"
+    res = invoke("compare", "--model", "llama3-70b", "--hardware", "h100-sxm", "--pp", 8, "--tp", 8,
+                 "--microbatches", 32, "--vp", 2, "--schedules", "1f1b,interleaved-1f1b,zb-h1,zb-h2,zbv",
+                 "--json", "--out", out)
+    assert res.exit_code == 0, res.output
+    rows = {r["schedule"]: r for r in json.loads(res.stdout)}
+    assert list(rows) == ["1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv"]
+    # in-flight chunk activations depend on the schedule only: p, 2(p-1)+(v-1)p+1, p, 2p-1, 2p
+    assert {n: max(r["peak_inflight_microbatches"]) for n, r in rows.items()} == {
+        "1f1b": 8, "interleaved-1f1b": 23, "zb-h1": 8, "zb-h2": 15, "zbv": 16}
+    slowest = rows["1f1b"]["step_time_s"]
+    assert all(r["step_time_s"] < slowest for n, r in rows.items() if n != "1f1b")
+    assert rows["zb-h2"]["step_time_s"] < rows["zb-h1"]["step_time_s"]
+    text = out.read_text()
+    assert all(f"{n}: timeline" in text for n in rows)

@@ -27,7 +27,7 @@ def invoke(*args: str):
 @pytest.mark.filterwarnings("ignore::simtrain.schedules.ScheduleWarning")
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_export_then_import_gives_the_same_schedule(name):
-    for p, m, v in [(2, 4, 2), (4, 8, 2), (3, 6, 3)]:
+    for p, m, v in [(2, 4, 2), (4, 8, 2), (3, 6, 3), (4, 8, 1)]:
         sched = generate(name, p, m, v)
         text = format_torch_csv(sched)
         assert text.splitlines()[0] == ",".join(sched.text_orders()[0])  # one row per rank, torch's cells

@@ -26,7 +26,7 @@ GOLDEN = [  # (reference in tests/data/schedule_orders.json, our schedule, recor
 ]
 
 
-@pytest.mark.filterwarnings("ignore::simtrain.schedules.ScheduleWarning")  # torch's padded ZB-V, p=4 m=4
+@pytest.mark.filterwarnings("ignore::simtrain.schedules.ScheduleWarning")  # padded ZB-V; interleaved v=1
 @pytest.mark.parametrize("ref,name,count", GOLDEN)
 def test_orders_and_placement_equal_the_reference(ref, name, count):
     records = reference_records(ref)
@@ -119,6 +119,7 @@ def test_zbv_with_too_few_microbatches_warns_and_pads():
     assert run.report.span_bubble_ratio > 0.1  # the padded pipeline never fills
 
 
+@pytest.mark.filterwarnings("ignore::simtrain.schedules.ScheduleWarning")  # v = 1
 @pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 16, 4), (3, 6, 3), (4, 4, 2), (8, 16, 2), (4, 8, 1)])
 def test_interleaved_bubble_and_memory(p, m, v):
     # Megatron §2.2.2: bubble (p-1)(t_f+t_b)/v of full stages = (p-1)(F+B) of one chunk (F=1, B=2).
@@ -138,6 +139,7 @@ def test_interleaving_beats_1f1b_and_looped_bfs_holds_everything():
     assert bfs.peak_inflight_microbatches == [m * v] * p
 
 
+@pytest.mark.filterwarnings("ignore::simtrain.schedules.ScheduleWarning")  # v = 1
 @pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 8, 1), (2, 6, 3)])
 def test_interleaved_zb_runs_and_holds_less_than_interleaved_1f1b(p, m, v):
     zb = unit_run("interleaved-zb", p, m, v)
@@ -198,6 +200,12 @@ def test_generator_errors(args, msg):
     with pytest.raises(ScheduleError) as err:
         REGISTRY[name].generator(p, m, *vp)
     assert msg in str(err.value)
+
+
+def test_interleaved_with_one_stage_per_rank_warns():
+    with pytest.warns(ScheduleWarning, match="interleaved-1f1b: --vp = 1: one stage per rank, so nothing is"):
+        sched = generate("interleaved-1f1b", 4, 8, 1)
+    assert sched.num_stages == 4
 
 
 def test_generate_passes_vp_only_to_schedules_that_take_it():

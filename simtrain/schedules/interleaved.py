@@ -25,8 +25,10 @@ with one stage per rank (warm-up ``2(p-r-1)``); Megatron-LM runs plain 1F1B ther
 
 from __future__ import annotations
 
+import warnings
+
 from .common import check_common, looped_placement, one_f_one_b_phases
-from .ir import Action, Schedule, ScheduleError
+from .ir import Action, Schedule, ScheduleError, ScheduleWarning
 
 
 def virtual_microbatches(microbatches: int, vp: int, group: int) -> list[tuple[int, int]]:
@@ -74,7 +76,8 @@ def interleaved_1f1b(pp: int, microbatches: int, vp: int = 2) -> Schedule:
         vp: model chunks (virtual stages) per rank (>= 1).
 
     Returns:
-        The schedule with ``pp·vp`` stages, stage ``c·pp + r`` on rank r.
+        The schedule with ``pp·vp`` stages, stage ``c·pp + r`` on rank r (with a
+        :class:`ScheduleWarning` when vp = 1, which interleaves nothing).
 
     Raises:
         ScheduleError: pp < 1, m < 1, vp < 1, or m not a multiple of pp.
@@ -86,6 +89,14 @@ def interleaved_1f1b(pp: int, microbatches: int, vp: int = 2) -> Schedule:
         raise ScheduleError(
             f"interleaved-1f1b: --microbatches = {microbatches} with --pp {pp}: Megatron-LM's "
             f"interleaved schedule needs m to be a multiple of pp (e.g. {choices})"
+        )
+    if vp == 1 and pp > 1:
+        warnings.warn(
+            "interleaved-1f1b: --vp = 1: one stage per rank, so nothing is interleaved; simulating "
+            "torch's ScheduleInterleaved1F1B with one stage per rank (1F1B's bubble, warm-up "
+            "2(p-r-1) instead of p-r-1); pass --vp 2 or more to interleave",
+            ScheduleWarning,
+            stacklevel=2,
         )
     table = virtual_microbatches(microbatches, vp, group=pp)
     orders = []

@@ -21,13 +21,13 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from .engine import DeadlockError
 from .errors import SimtrainError
 from .hardware import GB, GiB, TFLOPS, available_profiles, load_profile
 from .models import available_models, load_model
 from .parallel import ParallelConfig
 from .scenario import DEFAULT_SCENARIO, Scenario, load_scenario, run_schedule
-from .engine import DeadlockError
-from .schedules import REGISTRY, ScheduleWarning, generate
+from .schedules import REGISTRY, Schedule, ScheduleWarning, generate
 from .schedules.io import format_torch_csv, read_torch_csv, write_torch_csv
 from .viz import Panel, write_dashboard
 
@@ -101,8 +101,14 @@ def _fmt_pct(x: float | None) -> str:
     return "–" if x is None else f"{x:.1%}"
 
 
-def _fit_to_file(parallel: ParallelConfig, schedule, path: Path, pp: int | None, microbatches: int | None):
-    """The parallel config with pp and microbatches of an imported schedule; flags must agree."""
+def _fit_to_file(
+    parallel: ParallelConfig, schedule: Schedule, path: Path, pp: int | None, microbatches: int | None
+) -> ParallelConfig:
+    """The parallel config with pp and microbatches of an imported schedule.
+
+    Raises:
+        SimtrainError: ``--pp`` or ``--microbatches`` was given and disagrees with the file.
+    """
     for flag, given, actual, what in (("--pp", pp, schedule.num_ranks, "ranks (rows)"),
                                       ("--microbatches", microbatches, schedule.num_microbatches, "microbatches")):
         if given is not None and given != actual:

@@ -13,7 +13,7 @@ from simtrain.engine import DeadlockError
 from simtrain.hardware import load_profile
 from simtrain.parallel import ParallelConfig
 from simtrain.scenario import run_schedule
-from simtrain.schedules import REGISTRY, Action, Schedule, ScheduleError, generate
+from simtrain.schedules import REGISTRY, Action, Schedule, ScheduleError, generate, parse_action
 from simtrain.schedules.io import format_torch_csv, parse_torch_csv
 
 runner = CliRunner()
@@ -158,15 +158,11 @@ def test_schedule_validate_names_rank_and_action():
     with pytest.raises(ScheduleError, match="rank 0 has action 5F0 of unknown stage 5"):
         bad.validate()
     dead = Schedule("dead", 2, (0, 1), tuple(
-        tuple(map(_act, row.split(","))) for row in ("0F0,0B0,0F1,0B1", "1F1,1B1,1F0,1B0")))
+        tuple(map(parse_action, row.split(","))) for row in ("0F0,0B0,0F1,0B1", "1F1,1B1,1F0,1B0")))
     dead.validate()  # complete and well placed: only running it shows the deadlock
     with pytest.raises(DeadlockError, match="rank 0 \\(compute\\) cannot run 0B0: it waits for 1B0 \\(rank 1\\)"):
         run_schedule(dead, tiny_model(), load_profile("h100-sxm"), ParallelConfig(), op_times=(1, 1, 1))
 
-
-def _act(text: str) -> Action:
-    from simtrain.schedules import parse_action
-    return parse_action(text)
 
 
 def test_the_issue_comparison_runs_all_five(tmp_path):

@@ -1,4 +1,5 @@
-"""Command line: ``simtrain compare``, ``simtrain profiles``, ``simtrain models``.
+"""Command line: ``simtrain compare``, ``simtrain export-schedule``, ``simtrain profiles``,
+``simtrain models``.
 
 Every user error ends as one line ``error: ...`` on stderr and exit status 2, never a traceback
 (commands are wrapped by :func:`user_errors`; typer reports unknown flags and bad types with 2).
@@ -10,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
@@ -19,12 +21,14 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from .engine import DeadlockError
 from .errors import SimtrainError
 from .hardware import GB, GiB, TFLOPS, available_profiles, load_profile
 from .models import available_models, load_model
 from .parallel import ParallelConfig
 from .scenario import DEFAULT_SCENARIO, Scenario, load_scenario, run_schedule
-from .schedules import REGISTRY
+from .schedules import REGISTRY, Schedule, ScheduleWarning, generate
+from .schedules.io import format_torch_csv, read_torch_csv, write_torch_csv
 from .viz import Panel, write_dashboard
 
 app = typer.Typer(
@@ -65,22 +69,52 @@ def _parse_op_times(text: str) -> tuple[float, float, float]:
     return values  # type: ignore[return-value]
 
 
+def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
+    """Print schedule warnings as ``warning: ...`` lines on stderr; pass other warnings on."""
+    for w in caught:
+        if issubclass(w.category, ScheduleWarning):
+            err.print(f"warning: {w.message}", markup=False, highlight=False, soft_wrap=True)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
 def user_errors(command: Callable[..., None]) -> Callable[..., None]:
-    """Decorate a command so a :class:`SimtrainError` prints ``error: ...`` and exits with 2."""
+    """Decorate a command so a :class:`SimtrainError` prints ``error: ...`` and exits with 2, and
+    schedule warnings print as ``warning: ...``."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs) -> None:
-        try:
-            command(*args, **kwargs)
-        except SimtrainError as exc:
-            err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ScheduleWarning)
+            try:
+                command(*args, **kwargs)
+            except SimtrainError as exc:
+                _print_warnings(caught)
+                err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+                raise typer.Exit(2) from None
+        _print_warnings(caught)
 
     return wrapper
 
 
 def _fmt_pct(x: float | None) -> str:
     return "–" if x is None else f"{x:.1%}"
+
+
+def _fit_to_file(
+    parallel: ParallelConfig, schedule: Schedule, path: Path, pp: int | None, microbatches: int | None
+) -> ParallelConfig:
+    """The parallel config with pp and microbatches of an imported schedule.
+
+    Raises:
+        SimtrainError: ``--pp`` or ``--microbatches`` was given and disagrees with the file.
+    """
+    for flag, given, actual, what in (("--pp", pp, schedule.num_ranks, "ranks (rows)"),
+                                      ("--microbatches", microbatches, schedule.num_microbatches, "microbatches")):
+        if given is not None and given != actual:
+            raise SimtrainError(f"{flag} = {given}: the schedule file {path} has {actual} {what}; "
+                                f"drop {flag} or make them agree")
+    return parallel.model_copy(update={"pp": schedule.num_ranks, "microbatches": schedule.num_microbatches})
 
 
 @app.command()
@@ -100,6 +134,8 @@ def compare(
     zero_stage: Annotated[Optional[int], typer.Option(help="ZeRO stage: 0 or 1")] = None,
     recompute: Annotated[Optional[str], typer.Option(help="activation recomputation: none, selective, full")] = None,
     schedules: Annotated[Optional[str], typer.Option(help="comma-separated schedule names")] = None,
+    schedule_file: Annotated[Optional[Path], typer.Option(
+        help="simulate the per-rank actions of this torch schedule CSV (sets --pp and --microbatches)")] = None,
     op_times: Annotated[Optional[str], typer.Option(help="fixed seconds per action F,I,W (B = I + W)")] = None,
     no_comm: Annotated[bool, typer.Option("--no-comm", help="make all communication free")] = False,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="HTML dashboard to write")] = None,
@@ -119,11 +155,18 @@ def compare(
     overrides = dict(pp=pp, tp=tp, dp=dp, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
                      seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute)
     parallel = _parallel_from(base.parallel.model_dump(exclude_unset=True), overrides, source)
+    imported = None
+    if schedule_file is not None:
+        imported = read_torch_csv(schedule_file)
+        parallel = _fit_to_file(parallel, imported, schedule_file, pp=pp, microbatches=microbatches)
     spec = load_model(model or base.model)
     hw = load_profile(hardware or base.hardware)
-    names = [s.strip() for s in schedules.split(",")] if schedules else base.schedules
+    if schedules:
+        names = [s.strip() for s in schedules.split(",")]
+    else:
+        names = [] if imported else base.schedules
     names = [n for n in names if n]
-    if not names:
+    if not names and imported is None:
         raise SimtrainError("--schedules: give at least one schedule name")
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
@@ -132,6 +175,11 @@ def compare(
     comm = not (no_comm or base.no_comm)
 
     runs = [run_schedule(n, spec, hw, parallel, op_times=times, comm=comm) for n in names]
+    if imported is not None:
+        try:
+            runs.append(run_schedule(imported, spec, hw, parallel, op_times=times, comm=comm))
+        except DeadlockError as exc:
+            raise SimtrainError(f"--schedule-file {schedule_file}: the order cannot run: {exc}") from None
     reports = [r.report for r in runs]
     subtitle = (
         f"{spec.name} on {hw.name}: TP {parallel.tp} x PP {parallel.pp} x DP {parallel.dp}, "
@@ -148,12 +196,13 @@ def compare(
         return
 
     table = Table(title=subtitle)
-    for col in ("schedule", "step time (ms)", "bubble", "exposed comm (ms)", "overlap", "peak mem (GiB)",
-                "fits HBM", "in-flight", "MFU", "tokens/s"):
+    for col in ("schedule", "step time (ms)", "bubble", "span bubble", "exposed comm (ms)", "overlap",
+                "peak mem (GiB)", "fits HBM", "in-flight", "MFU", "tokens/s"):
         table.add_column(col, justify="left" if col == "schedule" else "right")
     for r in reports:
         table.add_row(
-            r.schedule, f"{r.step_time_s * 1e3:.2f}", _fmt_pct(r.bubble_ratio), f"{r.exposed_comm_s * 1e3:.2f}",
+            r.schedule, f"{r.step_time_s * 1e3:.2f}", _fmt_pct(r.bubble_ratio), _fmt_pct(r.span_bubble_ratio),
+            f"{r.exposed_comm_s * 1e3:.2f}",
             _fmt_pct(r.overlap_ratio), f"{max(r.peak_memory_bytes) / GiB:.1f} / {r.hbm_bytes / GiB:.0f}",
             "yes" if r.fits_in_hbm else "[red]NO[/red]", str(max(r.peak_inflight_microbatches)),
             _fmt_pct(r.mfu), f"{r.tokens_per_s:,.0f}",
@@ -170,6 +219,29 @@ def compare(
         out.print(f"dashboard: {html_path}")
     if not any(r.fits_in_hbm for r in reports):
         raise SimtrainError("no schedule fits in HBM with this configuration (see the warnings above)")
+
+
+@app.command("export-schedule")
+@user_errors
+def export_schedule(
+    name: Annotated[str, typer.Argument(help="schedule name (see --schedules of compare)")],
+    pp: Annotated[int, typer.Option(help="pipeline-parallel ranks")],
+    microbatches: Annotated[int, typer.Option(help="microbatches per step (m)")],
+    vp: Annotated[int, typer.Option(help="stages per rank (interleaved schedules)")] = 1,
+    fmt: Annotated[str, typer.Option("--format", help="output format: torch-csv")] = "torch-csv",
+    out_path: Annotated[Optional[Path], typer.Option("--out", help="file to write (default: standard output)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite --out if it exists")] = False,
+) -> None:
+    """Write a schedule's per-rank actions in torch.distributed.pipelining's CSV layout."""
+    if fmt != "torch-csv":
+        raise SimtrainError(f"--format = {fmt!r}: the only format is 'torch-csv'")
+    schedule = generate(name, pp, microbatches, vp)
+    if out_path is None:
+        sys.stdout.write(format_torch_csv(schedule))
+        return
+    write_torch_csv(schedule, out_path, force=force)
+    err.print(f"wrote {name} ({schedule.num_ranks} ranks, {schedule.num_stages} stages, "
+              f"{schedule.num_microbatches} microbatches) to {out_path}", markup=False, highlight=False)
 
 
 @app.command()

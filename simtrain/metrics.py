@@ -7,9 +7,13 @@ Definitions (sources use different ones; these are simtrain's):
   ``1 - busy_r / step``. Idle time includes time a rank waits on exposed communication. With
   unit costs and free communication GPipe and 1F1B give ``(p-1)/(m+p-1)`` (bubble over makespan,
   as sail-sg's README states it; Megatron's ``(p-1)/m`` divides by ideal time instead).
-* **span bubble ratio** (Zero Bubble paper §5.3): the longest per-rank span (first compute start
-  to last compute end) is the cost; each rank's bubble is ``1 - busy_r / cost``; reported as the
-  mean over ranks. It ignores the warm-up wait before a rank's first action.
+* **span bubble ratio** (Zero Bubble paper, Qi et al. 2024 §5.3: bubble rate
+  ``(cost - m(T_F+T_B+T_W)) / cost`` with cost the largest execution time of all stages, measured
+  per stage from its first forward to its last W as sail-sg's ``auto_schedule.py`` does):
+  ``(cost - mean_r busy_r) / cost``, with cost the longest per-rank span of pipeline actions
+  (first F/B/I/W start to last end) and busy_r the time rank r computes them. With balanced
+  stages every ``busy_r`` is the paper's ``m(T_F+T_B+T_W)`` (its T_B is our I). It ignores the
+  wait before a rank's first action, so ZB-H2 and ZB-V reach 0 where the bubble ratio does not.
 * **exposed communication** of a rank: time during which communication that involves the rank
   (as sender, receiver or collective member) is in flight and its compute stream is idle;
   ``exposed_comm_s`` is the mean over ranks.
@@ -149,7 +153,7 @@ def compute_report(
     trace = result.trace
     step = result.makespan_s
     ranks = sorted(result.memory["rank"].unique())
-    busy, exposed, comm_total, spans = [], [], [], []
+    busy, exposed, comm_total, spans, pipe_busy = [], [], [], [], []
     for r in ranks:
         comp = trace[(trace["rank"] == r) & (trace["category"] == "compute")]
         comp_iv = _union(comp[["start_s", "end_s"]].to_numpy(dtype=float))
@@ -160,7 +164,9 @@ def compute_report(
         busy.append(b)
         comm_total.append(c)
         exposed.append(c - _intersection_length(comm_iv, comp_iv))
-        spans.append(comp_iv[-1, 1] - comp_iv[0, 0] if len(comp_iv) else 0.0)
+        pipe_iv = _union(comp.loc[comp["stage"].notna(), ["start_s", "end_s"]].to_numpy(dtype=float))
+        spans.append(pipe_iv[-1, 1] - pipe_iv[0, 0] if len(pipe_iv) else 0.0)
+        pipe_busy.append(_length(pipe_iv))
     n = len(ranks)
     max_span = max(spans) if spans else 0.0
     peaks = result.memory.groupby("rank")["bytes"].max().reindex(ranks).tolist()
@@ -171,7 +177,7 @@ def compute_report(
         bubble_ratio=1 - sum(busy) / (n * step) if step > 0 else 0.0,
         bubble_ratio_per_rank=[1 - b / step if step > 0 else 0.0 for b in busy],
         bubble_time_s_per_rank=[step - b for b in busy],
-        span_bubble_ratio=float(np.mean([1 - b / max_span for b in busy])) if max_span > 0 else 0.0,
+        span_bubble_ratio=1 - float(np.mean(pipe_busy)) / max_span if max_span > 0 else 0.0,
         exposed_comm_s=float(np.mean(exposed)) if exposed else 0.0,
         exposed_comm_s_per_rank=exposed,
         comm_s=total_comm,

@@ -20,7 +20,7 @@ send at their end, and at most 2·pp+1 stage activations per rank.
 
 from __future__ import annotations
 
-from .common import check_common
+from .common import check_common, v_placement
 from .dualpipe import RankProgram, eight_steps
 from .ir import Schedule, ScheduleError
 
@@ -47,10 +47,9 @@ def dualpipev(pp: int, microbatches: int, vp: int = 1) -> Schedule:
             f"as many microbatches as stages, 2 x pp = {2 * pp}"
         )
     stages = 2 * pp
-    stage_to_rank = tuple(min(s, stages - 1 - s) for s in range(stages))
     orders = []
     for r in range(pp):
         program = RankProgram(lambda phase, r=r: (r, stages - 1 - r)[phase], lambda phase, i: i)
         eight_steps(program, n=pp, k=r, chunks=microbatches)
         orders.append(tuple(program.actions))
-    return Schedule("dualpipev", microbatches, stage_to_rank, tuple(orders))
+    return Schedule("dualpipev", microbatches, v_placement(pp), tuple(orders))

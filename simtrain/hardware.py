@@ -79,7 +79,7 @@ class OverlapFile(_Strict):
         "pair cannot end before its longer half alone",
     )
     sends: Literal["per_half", "after_pair"] = Field(
-        default="per_half",
+        default="after_pair",
         description="per_half: each half's p2p sends leave when that half is done (a GPU runtime "
         "that overlaps inside the pair); after_pair: both leave when the whole pair is done "
         "(deepseek-ai/DualPipe's step(), torch's runtime)",
@@ -180,7 +180,7 @@ class HardwareProfile:
     inter_node: Link
     matmul_efficiency: float
     overlap_compute_factor: float = 1.0
-    overlap_sends: Literal["per_half", "after_pair"] = "per_half"
+    overlap_sends: Literal["per_half", "after_pair"] = "after_pair"
     path: Path | None = None
     calibration: dict | None = field(default=None, compare=False)
 

@@ -21,8 +21,9 @@ Communication follows from data dependencies, so every schedule gets it without 
 An overlapped forward-and-backward pair (DualPipe's F&B) is lowered by :func:`_lower_pair`: its two
 halves alternate layer by layer on the compute stream, each layer's TP collectives overlapping the
 other half's next layer; its compute is scaled by the profile's ``overlap_compute_factor``, and
-its p2p sends leave when their half is done (``overlap_sends = "per_half"``, the default) or when
-the whole pair is (``"after_pair"``).
+its p2p sends leave when the whole pair is done (``overlap_sends = "after_pair"``, the default:
+what deepseek-ai/DualPipe's released ``step()`` and torch's runtime do) or each when its half is
+(``"per_half"``: a runtime that overlaps communication inside the pair, as DeepSeek-V3's Figure 4).
 
 Memory: each rank starts with the static bytes of the chunks it holds; F allocates its chunk's
 activation when it starts; B frees it when it ends; I frees all but what W needs; W frees the rest.

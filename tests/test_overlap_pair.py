@@ -101,7 +101,7 @@ def _profile(tmp_path, overlap):
 
 def test_profile_overlap_section(tmp_path):
     hw = load_profile("h100-sxm")
-    assert hw.overlap_compute_factor == 1.0 and hw.overlap_sends == "per_half"  # defaults
+    assert hw.overlap_compute_factor == 1.0 and hw.overlap_sends == "after_pair"  # defaults
     hw = load_profile(_profile(tmp_path, {"compute_factor": 1.2, "sends": "after_pair"}))
     assert hw.overlap_compute_factor == 1.2 and hw.overlap_sends == "after_pair"
 

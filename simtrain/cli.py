@@ -184,6 +184,10 @@ def compare(
     if csv_path is not None:
         check_output_path(csv_path, "--csv", ".csv", inputs)
 
+    if sweep_spec is not None:  # the detailed comparison is drawn at the swept value nearest the setting
+        own = getattr(parallel, sweep_spec.field)
+        nearest = min(sweep_spec.values, key=lambda v: (abs(v - own), v))
+        parallel = _parallel_from(parallel.model_dump(), {sweep_spec.field: nearest}, st.source)
     runs = [run_schedule(n, spec, hw, parallel, op_times=times, comm=comm) for n in names]
     reports = [r.report for r in runs]
     sweep_rows = None

@@ -58,9 +58,10 @@ def lanes(trace: pd.DataFrame) -> pd.Series:
 
 
 def lane_order(names: Iterable[str]) -> list[str]:
-    """Lanes in drawing order: compute, then p2p, then the others alphabetically."""
-    rank = {COMPUTE_LANE: 0, P2P_LANE: 1}
-    return sorted(set(names), key=lambda n: (rank.get(n, 2), n))
+    """Lanes in drawing order: compute, tp (it runs between compute tasks), p2p, the other
+    communication lanes alphabetically, and dp (gradient reduction, at the end of the step) last."""
+    rank = {COMPUTE_LANE: 0, "tp": 1, P2P_LANE: 2, "dp": 4}
+    return sorted(set(names), key=lambda n: (rank.get(n, 3), n))
 
 
 def _clean(value):

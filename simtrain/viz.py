@@ -225,6 +225,9 @@ def memory_figure(memory: pd.DataFrame, hbm_bytes: float, title: str = "",
     _style(fig, title, 340)
     fig.update_layout(xaxis=dict(title="time (ms)", range=[0, x_max_ms] if x_max_ms else None),
                       yaxis=dict(title="memory (GiB)", rangemode="tozero"), legend_title_text="")
+    if len(ranks) > 8:  # a long legend goes below the plot, in rows
+        fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.22, x=0), height=380,
+                          margin=dict(b=110))
     return fig
 
 
@@ -377,11 +380,14 @@ def sweep_figure(rows: pd.DataFrame, field: str, pp: int | None = None) -> go.Fi
     for i, (schedule, part) in enumerate(ok.groupby("schedule", sort=False)):
         part = part.sort_values("value")
         color = schedule_color(i)
+        dash = ("solid", "dash", "dot", "dashdot")[i % 4]  # coinciding lines stay visible
+        symbol = ("circle", "diamond", "square", "triangle-up", "x", "star")[i % 6]
         for col, y, fmt in ((1, part["bubble_ratio"], ".1%"), (2, part["tokens_per_s"], ",.0f"),
                             (3, part["peak_memory_bytes"] / GiB, ".1f")):
             fig.add_trace(go.Scatter(
                 x=part["value"], y=y, mode="lines+markers", name=schedule, legendgroup=schedule,
-                showlegend=col == 1, line=dict(color=color, width=2.2), marker=dict(size=8),
+                showlegend=col == 1, line=dict(color=color, width=2.2, dash=dash),
+                marker=dict(size=9 - 2 * (i % 2), symbol=symbol),
                 hovertemplate=f"{schedule}<br>{field} = %{{x}}<br>%{{y:{fmt}}}<extra></extra>",
             ), row=1, col=col)
     if field == "microbatches" and pp:

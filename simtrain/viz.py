@@ -24,6 +24,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -31,7 +32,9 @@ from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
 from .export import COMPUTE_LANE, lane_order, lanes
-from .metrics import Report
+
+if TYPE_CHECKING:  # reports are only read here; importing metrics would pull in the engine (SimPy)
+    from .metrics import Report
 
 GiB = 2**30
 MS = 1e3

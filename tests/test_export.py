@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -89,3 +91,10 @@ def test_export_refuses_to_overwrite_an_input(tmp_path):
     res = runner.invoke(app, ["compare", str(sc), "--trace", str(sc), "--json"])
     assert res.exit_code == 2 and "is an input of this command; refusing to overwrite it" in res.stderr
     assert sc.read_text() == before
+
+
+def test_plotting_export_and_trace_reading_do_not_load_the_engine():
+    code = ("import sys, simtrain.viz, simtrain.export, simtrain.measured, simtrain.overlay; "
+            "print('simpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"

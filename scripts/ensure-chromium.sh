@@ -11,7 +11,7 @@ if [ "$(id -u)" -eq 0 ]; then
     echo "installing chromium and chromium-driver (Debian packages) for the browser test"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q
-    apt-get install -y -q --no-install-recommends chromium chromium-driver
+    apt-get install -y -q chromium chromium-driver
     exit 0
 fi
 echo "warning: /usr/bin/chromium or /usr/bin/chromedriver is missing and this user cannot install" \

@@ -31,9 +31,10 @@ from .errors import SimtrainError
 
 TRACE_COLUMNS = [
     "rank", "stream", "category", "kind", "name", "stage", "microbatch",
-    "start_s", "end_s", "bytes", "peer",
+    "start_s", "end_s", "bytes", "peer", "resources",
 ]
-"""Columns of the trace table, one row per executed task."""
+"""Columns of the trace table, one row per executed task (``resources``: the names of the
+resources the task held, joined by ``","``; empty when it held none)."""
 
 
 @dataclass
@@ -187,7 +188,7 @@ def simulate(graph: TaskGraph) -> SimResult:
             ports.release(task.resources)
         rows.append((
             task.rank, task.stream or "", task.category, task.kind, task.name, task.stage,
-            task.microbatch, start, env.now, task.nbytes, task.peer,
+            task.microbatch, start, env.now, task.nbytes, task.peer, ",".join(task.resources),
         ))
         finished[task.tid] = True
         done[task.tid].succeed()

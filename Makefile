@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test dashboards clean
+.PHONY: demo test dashboards browser clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,18 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.core
 	$(BIN)/simtrain compare
 
-test: $(VENV)/.test
+test: $(VENV)/.test browser
 	$(BIN)/python -m pytest -q
+
+# Headless Chromium + chromedriver for tests/test_browser.py (installed only when missing).
+browser:
+	sh scripts/ensure-chromium.sh
+
+# Render every scenario in dashboards/ into dashboards/NAME.html (git-ignored).
+dashboards: $(VENV)/.core
+	@set -e; for f in dashboards/*.yaml; do \
+	    echo "== $$f"; $(BIN)/simtrain compare "$$f"; \
+	done
 
 clean:
 	rm -rf $(VENV) dashboards/*.html

@@ -1,4 +1,5 @@
-"""Command line: ``simtrain compare``, ``simtrain profiles``, ``simtrain models``.
+"""Command line: ``simtrain compare``, ``simtrain export-schedule``, ``simtrain overlay``,
+``simtrain profiles``, ``simtrain models``.
 
 Every user error ends as one line ``error: ...`` on stderr and exit status 2, never a traceback
 (commands are wrapped by :func:`user_errors`; typer reports unknown flags and bad types with 2).
@@ -10,7 +11,9 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -19,13 +22,19 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from .engine import DeadlockError
 from .errors import SimtrainError
-from .hardware import GB, GiB, TFLOPS, available_profiles, load_profile
-from .models import available_models, load_model
+from .export import check_output_path, write_chrome_trace, write_trace_csv
+from .hardware import GB, GiB, TFLOPS, HardwareProfile, available_profiles, load_profile
+from .measured import read_torch_trace
+from .models import ModelSpec, available_models, load_model
+from .overlay import action_differences, measured_op_times, overlay_summary, schedule_from_measured
 from .parallel import ParallelConfig
 from .scenario import DEFAULT_SCENARIO, Scenario, load_scenario, run_schedule
-from .schedules import split_name
-from .viz import Panel, write_dashboard
+from .schedules import REGISTRY, Schedule, ScheduleWarning, generate, split_name
+from .schedules.io import format_torch_csv, read_torch_csv, write_torch_csv
+from .sweep import parse_sweep, run_sweep, sweep_from_mapping
+from .viz import Panel, Sweep, write_dashboard, write_overlay
 
 app = typer.Typer(
     add_completion=False,
@@ -65,22 +74,99 @@ def _parse_op_times(text: str) -> tuple[float, float, float]:
     return values  # type: ignore[return-value]
 
 
+def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
+    """Print schedule warnings as ``warning: ...`` lines on stderr; pass other warnings on."""
+    for w in caught:
+        if issubclass(w.category, ScheduleWarning):
+            err.print(f"warning: {w.message}", markup=False, highlight=False, soft_wrap=True)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
 def user_errors(command: Callable[..., None]) -> Callable[..., None]:
-    """Decorate a command so a :class:`SimtrainError` prints ``error: ...`` and exits with 2."""
+    """Decorate a command so a :class:`SimtrainError` prints ``error: ...`` and exits with 2, and
+    schedule warnings print as ``warning: ...``."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs) -> None:
-        try:
-            command(*args, **kwargs)
-        except SimtrainError as exc:
-            err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ScheduleWarning)
+            try:
+                command(*args, **kwargs)
+            except SimtrainError as exc:
+                _print_warnings(caught)
+                err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+                raise typer.Exit(2) from None
+        _print_warnings(caught)
 
     return wrapper
 
 
 def _fmt_pct(x: float | None) -> str:
     return "–" if x is None else f"{x:.1%}"
+
+
+@dataclass
+class _Settings:
+    """What a command simulates, after merging a scenario file with the flags."""
+
+    scenario: Scenario
+    source: str
+    flags_only: bool
+    model: ModelSpec
+    hardware: HardwareProfile
+    parallel: ParallelConfig
+    op_times: tuple[float, float, float] | None
+    comm: bool
+
+
+def _settings(scenario: Path | None, model: str | None, hardware: str | None, overrides: dict,
+              op_times: str | None, no_comm: bool) -> _Settings:
+    """Merge the scenario file (default: dashboards/default.yaml) with the flags; validate all."""
+    flags_only = scenario is None and (model is not None or hardware is not None)
+    if flags_only:
+        if model is None or hardware is None:
+            raise SimtrainError("give both --model and --hardware (or a scenario file)")
+        base = Scenario(model=model, hardware=hardware, schedules=["gpipe", "1f1b"])
+        source = "command line"
+    else:
+        path = scenario or DEFAULT_SCENARIO
+        base = load_scenario(path)
+        source = str(path)
+    parallel = _parallel_from(base.parallel.model_dump(exclude_unset=True), overrides, source)
+    times = _parse_op_times(op_times) if op_times else base.op_times
+    return _Settings(base, source, flags_only, load_model(model or base.model), load_profile(hardware or base.hardware),
+                     parallel, times, not (no_comm or base.no_comm))
+
+
+def _print_sweep(rows, field: str) -> None:
+    table = Table(title=f"sweep over {field}")
+    for col in (field, "schedule", "step time (ms)", "bubble", "tokens/s", "peak mem (GiB)", "fits HBM"):
+        table.add_column(col, justify="left" if col == "schedule" else "right")
+    for r in rows.itertuples():
+        if isinstance(r.error, str):
+            table.add_row(str(r.value), r.schedule, f"[red]not simulated: {r.error}[/red]", "", "", "", "")
+            continue
+        table.add_row(str(r.value), r.schedule, f"{r.step_time_s * 1e3:.2f}", _fmt_pct(r.bubble_ratio),
+                      f"{r.tokens_per_s:,.0f}", f"{r.peak_memory_bytes / GiB:.1f}",
+                      "yes" if r.fits_in_hbm else "[red]NO[/red]")
+    out.print(table)
+
+
+def _fit_to_file(
+    parallel: ParallelConfig, schedule: Schedule, path: Path, pp: int | None, microbatches: int | None
+) -> ParallelConfig:
+    """The parallel config with pp and microbatches of an imported schedule.
+
+    Raises:
+        SimtrainError: ``--pp`` or ``--microbatches`` was given and disagrees with the file.
+    """
+    for flag, given, actual, what in (("--pp", pp, schedule.num_ranks, "ranks (rows)"),
+                                      ("--microbatches", microbatches, schedule.num_microbatches, "microbatches")):
+        if given is not None and given != actual:
+            raise SimtrainError(f"{flag} = {given}: the schedule file {path} has {actual} {what}; "
+                                f"drop {flag} or make them agree")
+    return parallel.model_copy(update={"pp": schedule.num_ranks, "microbatches": schedule.num_microbatches})
 
 
 @app.command()
@@ -102,6 +188,8 @@ def compare(
     recompute: Annotated[Optional[str], typer.Option(help="activation recomputation: none, selective, full")] = None,
     schedules: Annotated[Optional[str], typer.Option(
         help="comma-separated schedule names; '+waved-ep' adds Waved-EP, e.g. 1f1b,1f1b+waved-ep")] = None,
+    schedule_file: Annotated[Optional[Path], typer.Option(
+        help="simulate the per-rank actions of this torch schedule CSV (sets --pp and --microbatches)")] = None,
     waves: Annotated[Optional[int], typer.Option(help="expert waves per MoE layer for +waved-ep")] = None,
     dispatch_dtype: Annotated[Optional[str], typer.Option(help="EP dispatch element type: bf16 or fp8")] = None,
     expert_imbalance: Annotated[Optional[float], typer.Option(
@@ -114,39 +202,61 @@ def compare(
     no_comm: Annotated[bool, typer.Option("--no-comm", help="make all communication free")] = False,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="HTML dashboard to write")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result rows as JSON instead of a table")] = False,
+    sweep: Annotated[Optional[str], typer.Option(
+        help="sweep one setting, e.g. microbatches=8,16,32,64 (also pp=, vp=, tp=, dp=, microbatch_size=)")] = None,
+    trace_path: Annotated[Optional[Path], typer.Option(
+        "--trace", help="write a Chrome/Perfetto trace-event JSON file (a process per rank, a thread per stream)")] = None,
+    csv_path: Annotated[Optional[Path], typer.Option("--csv", help="write the trace table as CSV")] = None,
 ) -> None:
     """Simulate one training step for each schedule and compare them (table + HTML dashboard)."""
-    flags_only = scenario is None and (model is not None or hardware is not None)
-    if flags_only:
-        if model is None or hardware is None:
-            raise SimtrainError("give both --model and --hardware (or a scenario file)")
-        base = Scenario(model=model, hardware=hardware, schedules=["gpipe", "1f1b"])
-        source = "command line"
-    else:
-        path = scenario or DEFAULT_SCENARIO
-        base = load_scenario(path)
-        source = str(path)
     overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
                      seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
                      a2a_links=a2a_links, forward_only=True if forward_only else None)
-    parallel = _parallel_from(base.parallel.model_dump(exclude_unset=True), overrides, source)
-    spec = load_model(model or base.model)
-    hw = load_profile(hardware or base.hardware)
-    names = [s.strip() for s in schedules.split(",")] if schedules else base.schedules
+    st = _settings(scenario, model, hardware, overrides, op_times, no_comm)
+    spec, hw, parallel, times, comm, base = st.model, st.hardware, st.parallel, st.op_times, st.comm, st.scenario
+    imported = None
+    if schedule_file is not None:
+        imported = read_torch_csv(schedule_file)
+        parallel = _fit_to_file(parallel, imported, schedule_file, pp=pp, microbatches=microbatches)
+    if schedules:
+        names = [s.strip() for s in schedules.split(",")]
+    else:
+        names = [] if imported else base.schedules
     names = [n for n in names if n]
-    if not names:
+    if not names and imported is None:
         raise SimtrainError("--schedules: give at least one schedule name")
     for n in names:
         try:
             split_name(n)
         except SimtrainError as exc:
             raise SimtrainError(f"--schedules: {exc}") from None
-    times = _parse_op_times(op_times) if op_times else base.op_times
-    comm = not (no_comm or base.no_comm)
+    twice = [n for n in names if names.count(n) > 1]
+    if twice:
+        raise SimtrainError(f"--schedules: '{twice[0]}' is given twice")
+    sweep_spec = parse_sweep(sweep) if sweep else (sweep_from_mapping(base.sweep, st.source) if base.sweep else None)
+    inputs = [p for p in (scenario, Path(model) if model else None, Path(hardware) if hardware else None) if p]
+    if trace_path is not None:
+        check_output_path(trace_path, "--trace", ".json", inputs)
+    if csv_path is not None:
+        check_output_path(csv_path, "--csv", ".csv", inputs)
 
+    if sweep_spec is not None:  # the detailed comparison is drawn at the swept value nearest the setting
+        own = getattr(parallel, sweep_spec.field)
+        nearest = min(sweep_spec.values, key=lambda v: (abs(v - own), v))
+        parallel = _parallel_from(parallel.model_dump(), {sweep_spec.field: nearest}, st.source)
     runs = [run_schedule(n, spec, hw, parallel, op_times=times, comm=comm) for n in names]
+    if imported is not None:
+        try:
+            runs.append(run_schedule(imported, spec, hw, parallel, op_times=times, comm=comm))
+        except DeadlockError as exc:
+            raise SimtrainError(f"--schedule-file {schedule_file}: the order cannot run: {exc}") from None
     reports = [r.report for r in runs]
+    sweep_rows = None
+    if sweep_spec is not None:
+        sweep_rows = run_sweep(names, spec, hw, parallel, sweep_spec, op_times=times, comm=comm)
+        if sweep_rows["error"].notna().all():
+            raise SimtrainError(f"--sweep: no point could be simulated; first reason: {sweep_rows['error'].iloc[0]}")
     subtitle = (
         f"{spec.name} on {hw.name}: TP {parallel.tp} x PP {parallel.pp} x DP {parallel.dp}"
         + (f" (EP {parallel.ep})" if parallel.ep > 1 else "") + ", "
@@ -157,21 +267,35 @@ def compare(
     )
     html_path = out_path or (None if as_json else Path(base.out or "simtrain-compare.html"))
     if html_path is not None:
-        write_dashboard(html_path, [Panel(r.report, r.result.trace, r.result.memory) for r in runs],
-                        base.title if not flags_only else "simtrain comparison", subtitle)
+        write_dashboard(
+            html_path, [Panel(r.report, r.result.trace, r.result.memory) for r in runs],
+            base.title if not st.flags_only else "simtrain comparison", subtitle, source=base.source,
+            sweep=Sweep(sweep_rows, sweep_spec.field, parallel.pp) if sweep_spec else None,
+        )
+    if trace_path is not None:
+        write_chrome_trace(trace_path, {r.report.schedule: r.result.trace for r in runs},
+                           {r.report.schedule: r.result.memory for r in runs})
+    if csv_path is not None:
+        write_trace_csv(csv_path, {r.report.schedule: r.result.trace for r in runs})
     if as_json:
-        print(json.dumps([r.to_row() for r in reports], indent=2))
+        rows = [r.to_row() for r in reports]
+        if sweep_rows is not None:
+            rows = {"runs": rows, "sweep": json.loads(sweep_rows.to_json(orient="records"))}
+        print(json.dumps(rows, indent=2))
         return
 
+    if sweep_rows is not None:
+        _print_sweep(sweep_rows, sweep_spec.field)
     table = Table(title=subtitle)
     ep_cols = any(r.a2a_s > 0 for r in reports)
-    for col in ("schedule", "step time (ms)", "bubble", "exposed comm (ms)", "overlap", "peak mem (GiB)",
-                "fits HBM", "in-flight", "MFU", "tokens/s") + (("a2a (ms)", "exposed a2a (ms)", "EP share")
-                                                              if ep_cols else ()):
+    for col in ("schedule", "step time (ms)", "bubble", "span bubble", "exposed comm (ms)", "overlap",
+                "peak mem (GiB)", "fits HBM", "in-flight", "MFU", "tokens/s") + (
+                    ("a2a (ms)", "exposed a2a (ms)", "EP share") if ep_cols else ()):
         table.add_column(col, justify="left" if col == "schedule" else "right", no_wrap=col == "schedule")
     for r in reports:
         table.add_row(
-            r.schedule, f"{r.step_time_s * 1e3:.2f}", _fmt_pct(r.bubble_ratio), f"{r.exposed_comm_s * 1e3:.2f}",
+            r.schedule, f"{r.step_time_s * 1e3:.2f}", _fmt_pct(r.bubble_ratio), _fmt_pct(r.span_bubble_ratio),
+            f"{r.exposed_comm_s * 1e3:.2f}",
             _fmt_pct(r.overlap_ratio), f"{max(r.peak_memory_bytes) / GiB:.1f} / {r.hbm_bytes / GiB:.0f}",
             "yes" if r.fits_in_hbm else "[red]NO[/red]", str(max(r.peak_inflight_microbatches)),
             _fmt_pct(r.mfu), f"{r.tokens_per_s:,.0f}",
@@ -185,10 +309,91 @@ def compare(
                 f"warning: {r.schedule} does not fit in HBM: rank {worst} peaks at "
                 f"{r.peak_memory_bytes[worst] / GiB:.1f} GiB of {r.hbm_bytes / GiB:.0f} GiB"
             )
-    if html_path is not None:
-        out.print(f"dashboard: {html_path}")
+    for label, path in (("dashboard", html_path), ("trace", trace_path), ("csv", csv_path)):
+        if path is not None:
+            out.print(f"{label}: {path}")
     if not any(r.fits_in_hbm for r in reports):
         raise SimtrainError("no schedule fits in HBM with this configuration (see the warnings above)")
+
+
+@app.command("export-schedule")
+@user_errors
+def export_schedule(
+    name: Annotated[str, typer.Argument(help="schedule name (see --schedules of compare)")],
+    pp: Annotated[int, typer.Option(help="pipeline-parallel ranks")],
+    microbatches: Annotated[int, typer.Option(help="microbatches per step (m)")],
+    vp: Annotated[int, typer.Option(help="stages per rank (interleaved schedules)")] = 1,
+    fmt: Annotated[str, typer.Option("--format", help="output format: torch-csv")] = "torch-csv",
+    out_path: Annotated[Optional[Path], typer.Option("--out", help="file to write (default: standard output)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite --out if it exists")] = False,
+) -> None:
+    """Write a schedule's per-rank actions in torch.distributed.pipelining's CSV layout."""
+    if fmt != "torch-csv":
+        raise SimtrainError(f"--format = {fmt!r}: the only format is 'torch-csv'")
+    schedule = generate(name, pp, microbatches, vp)
+    if out_path is None:
+        sys.stdout.write(format_torch_csv(schedule))
+        return
+    write_torch_csv(schedule, out_path, force=force)
+    err.print(f"wrote {name} ({schedule.num_ranks} ranks, {schedule.num_stages} stages, "
+              f"{schedule.num_microbatches} microbatches) to {out_path}", markup=False, highlight=False)
+
+
+@app.command()
+@user_errors
+def overlay(
+    measured: Annotated[list[Path], typer.Option(
+        help="torch profiler trace (Chrome JSON) of one pipeline step; repeat once per rank")],
+    scenario: Annotated[Optional[Path], typer.Argument(help="scenario YAML for model, hardware and degrees")] = None,
+    model: Annotated[Optional[str], typer.Option(help="model preset name or YAML file")] = None,
+    hardware: Annotated[Optional[str], typer.Option(help="hardware profile name or YAML file")] = None,
+    tp: Annotated[Optional[int], typer.Option(help="tensor-parallel degree")] = None,
+    dp: Annotated[Optional[int], typer.Option(help="data-parallel degree")] = None,
+    microbatch_size: Annotated[Optional[int], typer.Option(help="sequences per microbatch (b)")] = None,
+    seq_len: Annotated[Optional[int], typer.Option(help="tokens per sequence")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="compute dtype")] = None,
+    schedule: Annotated[Optional[str], typer.Option(
+        help="simulate this registry schedule instead of the order the trace shows")] = None,
+    op_times: Annotated[Optional[str], typer.Option(
+        help="fixed seconds per action F,I,W, or 'measured' for the trace's median F, I, W")] = None,
+    no_comm: Annotated[bool, typer.Option("--no-comm", help="make all communication free")] = False,
+    step: Annotated[Optional[int], typer.Option(help="the trace's ProfilerStep#N to take (default: the last)")] = None,
+    out_path: Annotated[Path, typer.Option("--out", help="HTML page to write")] = Path("simtrain-overlay.html"),
+    as_json: Annotated[bool, typer.Option("--json", help="print the per-action differences as JSON")] = False,
+) -> None:
+    """Draw a measured torch pipeline step and its simulation on one timeline, rank by rank."""
+    check_output_path(out_path, "--out", ".html", [*measured, *([scenario] if scenario else [])])
+    actions = read_torch_trace(measured, step)
+    taken = schedule_from_measured(actions, "measured order")
+    from_trace = op_times is not None and op_times.strip() == "measured"
+    overrides = dict(pp=taken.num_ranks, microbatches=taken.num_microbatches, tp=tp, dp=dp,
+                     microbatch_size=microbatch_size, seq_len=seq_len, dtype=dtype)
+    st = _settings(scenario, model, hardware, overrides, None if from_trace else op_times, no_comm)
+    times = measured_op_times(actions) if from_trace else st.op_times
+    if schedule is not None and schedule not in REGISTRY:
+        raise SimtrainError(f"--schedule: unknown schedule '{schedule}'; choose from {sorted(REGISTRY)}")
+    run = run_schedule(schedule or taken, st.model, st.hardware, st.parallel, op_times=times, comm=st.comm)
+    trace = run.result.trace
+    diffs = action_differences(actions, trace)
+    summary = overlay_summary(actions, trace, diffs)
+    subtitle = (f"{len(measured)} trace file(s), {taken.num_ranks} ranks, {taken.num_stages} stages, "
+                f"{taken.num_microbatches} microbatches; simulated {run.schedule.name} with "
+                + (f"op-times F,I,W = {tuple(round(t * 1e3, 3) for t in times)} ms" if times
+                   else f"{st.model.name} on {st.hardware.name}") + ("" if st.comm else ", no communication"))
+    write_overlay(out_path, actions, trace, diffs, summary, "measured vs simulated", subtitle)
+    if as_json:
+        print(json.dumps({"summary": summary, "actions": json.loads(diffs.to_json(orient="records"))}, indent=2))
+        return
+    table = Table(title=subtitle)
+    for col in ("kind", "actions", "mean measured (ms)", "mean simulated (ms)", "mean |diff| (ms)"):
+        table.add_column(col, justify="left" if col == "kind" else "right")
+    for kind, v in summary["per_kind"].items():
+        table.add_row(kind, str(v["count"]), f"{v['measured_s'] * 1e3:.3f}", f"{v['simulated_s'] * 1e3:.3f}",
+                      f"{v['mean_abs_diff_s'] * 1e3:.3f}")
+    out.print(table)
+    out.print(f"step: measured {summary['measured_span_s'] * 1e3:.3f} ms, simulated "
+              f"{summary['simulated_span_s'] * 1e3:.3f} ms ({summary['span_error']:+.1%})")
+    out.print(f"overlay: {out_path}")
 
 
 @app.command()

@@ -33,8 +33,8 @@ TRACE_COLUMNS = [
     "rank", "stream", "category", "kind", "name", "stage", "microbatch",
     "start_s", "end_s", "bytes", "peer", "resources",
 ]
-"""Columns of the trace table, one row per executed task (``resources``: the ports it held,
-space-separated)."""
+"""Columns of the trace table, one row per executed task (``resources``: the names of the
+resources the task held, joined by ``","``; empty when it held none)."""
 
 
 @dataclass
@@ -176,7 +176,7 @@ def simulate(graph: TaskGraph) -> SimResult:
 
     def run(task: Task):
         if task.deps:
-            yield done[task.deps[0]] if len(task.deps) == 1 else env.all_of([done[d] for d in task.deps])
+            yield env.all_of([done[d] for d in task.deps])
         if task.resources:
             yield ports.acquire(task.resources)
         start = env.now
@@ -188,7 +188,7 @@ def simulate(graph: TaskGraph) -> SimResult:
             ports.release(task.resources)
         rows.append((
             task.rank, task.stream or "", task.category, task.kind, task.name, task.stage,
-            task.microbatch, start, env.now, task.nbytes, task.peer, " ".join(task.resources),
+            task.microbatch, start, env.now, task.nbytes, task.peer, ",".join(task.resources),
         ))
         finished[task.tid] = True
         done[task.tid].succeed()

@@ -25,9 +25,13 @@ Overlap modes:
   combine link) whose makespan with independent resources is
   ``(D+L+C)/w + (w-1)/w * max(D, L, C)`` (:func:`flow_shop_makespan`);
 * **F&B pairing** (DeepSeek-V3 report §3.2.1, Figure 4): when the schedule overlaps a forward and a
-  backward (:class:`simtrain.schedules.ir.OverlapAction`), the two chains' compute items alternate
-  on the compute stream, backward first, so that each half's all-to-all is in flight while the
-  other half computes. Pairing and waves compose.
+  backward (:class:`simtrain.schedules.ir.OverlapAction`), the two chains' items alternate on the
+  compute stream, so that each half's all-to-all is in flight while the other half computes. The
+  backward's first item (its chunk's tail: the LM head's backward, or nothing) goes first, so its
+  first all-to-all starts at once; the pair's compute then begins with the forward's attention and
+  ends with the backward's attention, the layer-by-layer order of DeepSeek's published DualPipe
+  profile that :func:`simtrain.lowering._lower_pair` follows for pairs without MoE blocks.
+  Pairing and waves compose.
 
 Bandwidth sharing: an all-to-all part holds both directions of the GPU's port of its link class
 (``nvlink:<rank>:out/in`` or ``nic:<rank>:out/in``) for its whole duration, since every GPU of the
@@ -215,6 +219,7 @@ def lower_moe_parts(
     chunks: Sequence[ChunkCost],
     topology: Topology,
     waves: int = 1,
+    compute_factor: float = 1.0,
 ) -> list[PartTasks]:
     """Add the sub-tasks of one schedule step on ``rank`` (one plain action, or the two halves of
     an overlapped F&B pair) to ``graph``.
@@ -228,6 +233,8 @@ def lower_moe_parts(
             task; with ``chunk.moe`` it is cut into sub-operations).
         topology: ports and placement (``parallel.a2a_links`` chooses shared or separate lanes).
         waves: expert waves per MoE block (1 = serial).
+        compute_factor: multiplies every compute duration (the profile's slowdown of an F&B
+            pair's compute while both halves share the GPU; 1 for a plain action).
 
     Returns:
         One :class:`PartTasks` per part, in the order of ``parts``. Nothing here waits for the
@@ -242,14 +249,14 @@ def lower_moe_parts(
         a = pt.action
         if isinstance(item, Compute):
             task = graph.add(
-                name=item.label, rank=rank, category="compute", kind=a.kind, duration_s=item.seconds,
+                name=item.label, rank=rank, category="compute", kind=a.kind, duration_s=item.seconds * compute_factor,
                 deps=pending[idx], stream="compute", stage=a.stage, microbatch=a.microbatch,
             )
             pt.compute.append(task)
             pending[idx] = []
             continue
         experts, sent, back = add_block(
-            graph, rank, waves=waves, after=[pt.compute[-1].tid], expert_s=item.expert_s,
+            graph, rank, waves=waves, after=[pt.compute[-1].tid], expert_s=item.expert_s * compute_factor,
             to_experts=transfers(item.to_experts, topology, rank),
             back=transfers(item.back, topology, rank, lane),
             kind=a.kind, names=item.names, label=f"{a} L{item.layer}", stage=a.stage, microbatch=a.microbatch,

@@ -68,6 +68,24 @@ class EfficiencyFile(_Strict):
     link: float = Field(gt=0, le=1, description="achieved / nominal link bandwidth")
 
 
+class OverlapFile(_Strict):
+    """``overlap:`` section (optional): how an overlapped forward-and-backward pair (DualPipe's
+    F&B) runs. Calibration replaces the defaults; see :mod:`simtrain.lowering` for the model."""
+
+    compute_factor: float = Field(
+        default=1.0, ge=0.5, le=2.0,
+        description="pair compute time / (F + B) run alone; units-free. Above 1 when the two "
+        "halves and their communication kernels slow each other down; never below 0.5, since a "
+        "pair cannot end before its longer half alone",
+    )
+    sends: Literal["per_half", "after_pair"] = Field(
+        default="after_pair",
+        description="per_half: each half's p2p sends leave when that half is done (a GPU runtime "
+        "that overlaps inside the pair); after_pair: both leave when the whole pair is done "
+        "(deepseek-ai/DualPipe's step(), torch's runtime)",
+    )
+
+
 class ProfileFile(_Strict):
     """The schema of a hardware profile YAML file (units in field names)."""
 
@@ -81,6 +99,7 @@ class ProfileFile(_Strict):
     intra_node: IntraNodeLinkFile
     inter_node: InterNodeLinkFile
     efficiency: EfficiencyFile
+    overlap: OverlapFile = Field(default_factory=OverlapFile)
     calibration: dict | None = None
 
     @field_validator("peak_tflops")
@@ -144,6 +163,8 @@ class HardwareProfile:
         gpus_per_node: GPUs sharing one intra-node fabric.
         intra_node, inter_node: the two link classes.
         matmul_efficiency: achieved / peak FLOP/s used for every GEMM and attention kernel.
+        overlap_compute_factor: compute time of an overlapped F&B pair / (F + B) (units-free).
+        overlap_sends: ``"per_half"`` or ``"after_pair"``: when a pair's p2p sends leave.
         path: the file it was loaded from, if any.
         calibration: the raw ``calibration:`` section of a calibrated profile, if any.
     """
@@ -158,6 +179,8 @@ class HardwareProfile:
     intra_node: Link
     inter_node: Link
     matmul_efficiency: float
+    overlap_compute_factor: float = 1.0
+    overlap_sends: Literal["per_half", "after_pair"] = "after_pair"
     path: Path | None = None
     calibration: dict | None = field(default=None, compare=False)
 
@@ -220,6 +243,8 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
             nics_per_node=pf.inter_node.nics_per_node,
         ),
         matmul_efficiency=eff.matmul,
+        overlap_compute_factor=pf.overlap.compute_factor,
+        overlap_sends=pf.overlap.sends,
         path=path,
         calibration=pf.calibration,
     )

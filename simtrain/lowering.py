@@ -12,19 +12,28 @@ Communication follows from data dependencies, so every schedule gets it without 
 * data-parallel gradient reduction: the last backward that produces a stage's weight gradients
   (its last W, or its last B) is cut into ``dp_buckets`` equal pieces; after each piece one bucket
   is all-reduced (reduce-scattered under ZeRO-1) on the rank's ``dp`` stream, overlapping the rest
-  of the backward (Li et al. 2020, "PyTorch Distributed", §3.2.3 gradient bucketing);
+  of the backward (Li et al. 2020, "PyTorch Distributed", §3.2.3 gradient bucketing). When a
+  model chunk is computed on two ranks (DualPipe keeps two copies), the group is both copies'
+  DP replicas (2·dp GPUs, also when dp = 1) and each bucket waits until both copies have it;
 * each rank ends with its optimizer step (memory-bound Adam) after its reductions, and, under
   ZeRO-1, an all-gather of the updated parameters.
 
-* on a stage with MoE blocks under expert parallelism, F, B and I (and overlapped F&B pairs) are
-  cut into attention / dispatch / experts / combine sub-operations by
-  :func:`simtrain.ep_lowering.lower_moe_parts` (serial, or in ``waves`` expert waves);
-  expert-parameter gradients are reduced over the expert-data-parallel group.
+On a stage with MoE blocks under expert parallelism, F, B and I (and overlapped F&B pairs with an
+MoE half) are cut into attention / dispatch / experts / combine sub-operations by
+:func:`simtrain.ep_lowering.lower_moe_parts` (serial, or in ``waves`` expert waves; a pair's two
+chains interleave); routed-expert gradients are reduced over the expert-data-parallel group.
+
+An overlapped forward-and-backward pair (DualPipe's F&B) is lowered by :func:`_lower_pair`: its two
+halves alternate layer by layer on the compute stream, each layer's TP collectives overlapping the
+other half's next layer; its compute is scaled by the profile's ``overlap_compute_factor``, and
+its p2p sends leave when the whole pair is done (``overlap_sends = "after_pair"``, the default:
+what deepseek-ai/DualPipe's released ``step()`` and torch's runtime do) or each when its half is
+(``"per_half"``: a runtime that overlaps communication inside the pair, as DeepSeek-V3's Figure 4).
 
 Memory: each rank starts with the static bytes of the chunks it holds; F allocates its chunk's
 activation when it starts; B frees it when it ends; I frees all but what W needs; W frees the rest.
-A forward-only step (``parallel.forward_only``) runs only the forwards, each freeing its
-activation when it ends, with no gradient reduction or optimizer step.
+A forward-only step (``parallel.forward_only``) runs only the forwards (a pair runs its forward
+half alone), each freeing its activation when it ends, with no gradient reduction or optimizer.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from .costs import StageCosts
 from .engine import Task, TaskGraph
 from .ep_lowering import lower_moe_parts
 from .network import Topology, ring_all_gather_s, ring_all_reduce_s, ring_reduce_scatter_s
-from .schedules.ir import Action, Schedule
+from .schedules.ir import Action, OverlapAction, Schedule
 
 
 def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool = True, waves: int = 1) -> TaskGraph:
@@ -59,51 +68,40 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
     graph.static_memory_bytes = [costs.static_bytes(h) for h in held]
 
     dp = parallel.dp if comm and not forward_only else 1
-    grad_buckets = _weight_grad_finishers(schedule) if dp > 1 else {}
+    holders = {c: tuple(sorted({schedule.stage_to_rank[s] for s in range(schedule.num_stages)
+                                if schedule.chunk_of(s) == c})) for c in range(schedule.num_chunks)}
+    group_of = {s: holders[schedule.chunk_of(s)] for s in range(schedule.num_stages)}  # ranks reducing s
+    grad_buckets = ({a for a in _weight_grad_finishers(schedule) if dp * len(group_of[a.stage]) > 1}
+                    if comm and not forward_only else set())
+    buckets: dict[int, list[tuple[Task, Task]]] = {}  # stage -> (compute piece, its reduction)
     first: dict[Action, Task] = {}  # first task of each action (deps attach here)
     last: dict[Action, Task] = {}  # task whose end means the action is done
     dp_tasks: dict[int, list[Task]] = {r: [] for r in range(schedule.num_ranks)}
 
-    def grad_bucket(rank: int, a: Action, after: Task, i: int) -> None:
-        c, pieces = chunk[a.stage], parallel.dp_buckets
-        dense = (c.params - c.expert_params) * costs.grad_bytes_per_param / pieces
-        experts = c.expert_params * costs.grad_bytes_per_param / pieces
-        route = topology.dp_route(rank)
-        dp_tasks[rank].append(graph.add(
-            name=f"dp grad stage {a.stage} bucket {i}", rank=rank, category="comm",
-            kind="dp", stream="dp", deps=[after.tid], resources=route.resources,
-            duration_s=_dp_sync_s("reduce", dense, experts, rank, topology), stage=a.stage, nbytes=dense + experts,
-        ))
-
-    def tp_task(rank: int, a: Action, after: Task) -> Task:
-        c = chunk[a.stage]
-        tp_s = {"F": c.tp_forward_s, "B": c.tp_backward_s, "I": c.tp_backward_s}.get(a.kind, 0.0)
-        if not comm or tp_s <= 0:
-            return after
-        return graph.add(
-            name=f"tp {a}", rank=rank, category="comm", kind="tp", stream="tp",
-            duration_s=tp_s, deps=[after.tid], resources=topology.tp_route(rank).resources,
-            stage=a.stage, microbatch=a.microbatch,
-        )
+    def add_bucket(a: Action, i: int, piece: Task) -> None:
+        reduce = _dp_bucket(graph, a, i, chunk[a.stage], costs, piece, topology, group_of[a.stage])
+        buckets.setdefault(a.stage, []).append((piece, reduce))
+        dp_tasks[piece.rank].append(reduce)
 
     for rank, order in enumerate(schedule.orders):
-        prev: Task | None = None
+        tp_route = topology.tp_route(rank)
+        after: list[int] = []  # tasks the rank's next action waits for
         for act in order:
             parts = [a for a in act.parts if a.kind == "F" or not forward_only]
             if comm and any(chunk[a.stage].moe is not None and a.kind != "W" for a in parts):
-                built = lower_moe_parts(graph, rank, parts, [chunk[a.stage] for a in parts], topology, waves)
+                after, built = _lower_moe_step(graph, parts, rank, after, chunk, topology, waves, first, last)
                 for pt in built:
-                    a, tasks = pt.action, pt.compute
-                    if prev is not None:
-                        tasks[0].deps.append(prev.tid)
-                    tasks[0].mem_start, tasks[-1].mem_end = _memory(a, chunk[a.stage], rank, forward_only)
-                    first[a] = tasks[0]
-                    if a in grad_buckets:
-                        total = sum(t.duration_s for t in tasks)
+                    if pt.action in grad_buckets:  # bucket i is ready once (i+1)/buckets of the compute ran
+                        total = sum(t.duration_s for t in pt.compute)
                         for i in range(parallel.dp_buckets):
-                            grad_bucket(rank, a, _task_at(tasks, total * (i + 1) / parallel.dp_buckets), i)
-                    last[a] = tp_task(rank, a, tasks[-1])
-                prev = max((last[pt.action] for pt in built), key=lambda t: t.tid)
+                            add_bucket(pt.action, i, _task_at(pt.compute, total * (i + 1) / parallel.dp_buckets))
+                continue
+            if isinstance(act, OverlapAction) and len(parts) == 2:
+                after = _lower_pair(graph, act, rank, after, chunk, topology, comm, first, last)
+                b = act.backward
+                if b in grad_buckets:  # all buckets after the pair (DualPipe(V) never has this)
+                    for i in range(parallel.dp_buckets):
+                        add_bucket(b, i, last[b])
                 continue
             for a in parts:
                 c = chunk[a.stage]
@@ -115,18 +113,31 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
                 for i in range(pieces):
                     task = graph.add(
                         name=str(a), rank=rank, category="compute", kind=a.kind,
-                        duration_s=duration / pieces, deps=[prev.tid] if prev else [],
+                        duration_s=duration / pieces, deps=list(after),
                         stream="compute", stage=a.stage, microbatch=a.microbatch,
                         mem_start=mem_start if i == 0 else [],
                         mem_end=mem_end if i == pieces - 1 else [],
                     )
                     if i == 0:
                         first[a] = task
-                    prev = task
+                    after = [task.tid]
                     if a in grad_buckets:
-                        grad_bucket(rank, a, task, i)
-                prev = last[a] = tp_task(rank, a, prev)
+                        add_bucket(a, i, task)
+                tp_s = {"F": c.tp_forward_s, "B": c.tp_backward_s, "I": c.tp_backward_s}.get(a.kind, 0.0)
+                if comm and tp_s > 0:
+                    task = graph.add(
+                        name=f"tp {a}", rank=rank, category="comm", kind="tp", stream="tp",
+                        duration_s=tp_s, deps=[task.tid], resources=tp_route.resources,
+                        stage=a.stage, microbatch=a.microbatch,
+                    )
+                    after = [task.tid]
+                last[a] = task
 
+    for stage, pieces in buckets.items():  # a chunk's copies reduce bucket i together
+        for other in buckets:
+            if other != stage and schedule.chunk_of(other) == schedule.chunk_of(stage):
+                for (_, reduce), (piece, _) in zip(pieces, buckets[other]):
+                    reduce.deps.append(piece.tid)
     _add_pipeline_dependencies(schedule, graph, first, last, chunk, topology, comm)
     if not forward_only:
         _add_optimizer(schedule, graph, costs, topology, held, dp_tasks, dp)
@@ -154,22 +165,124 @@ def _task_at(tasks: list[Task], elapsed_s: float) -> Task:
     return tasks[-1]
 
 
-def _dp_sync_s(op: str, dense_bytes: float, expert_bytes: float, rank: int, topology: Topology) -> float:
-    """Seconds of a gradient reduction (``op="reduce"``: all-reduce, or reduce-scatter under ZeRO-1)
-    or a ZeRO-1 parameter all-gather (``op="gather"``): dense bytes over the DP group, routed-expert
-    bytes over the expert-DP group (``dp x tp / ep`` GPUs), one after the other."""
-    parallel = topology.parallel
-    if op == "gather":
-        collective = ring_all_gather_s
-    else:
-        collective = ring_reduce_scatter_s if parallel.zero_stage >= 1 else ring_all_reduce_s
-    route = topology.dp_route(rank)
-    seconds = collective(dense_bytes, parallel.dp, route.link, route.bandwidth_bytes_per_s)
-    if expert_bytes > 0:
-        edp = topology.expert_dp_route(rank)
-        seconds += collective(expert_bytes, parallel.dp * parallel.tp // parallel.ep, edp.link,
-                              edp.bandwidth_bytes_per_s)
-    return seconds
+def _lower_moe_step(graph, parts, rank, after, chunk, topology, waves, first, last) -> tuple[list[int], list]:
+    """Lower one schedule step with an MoE half (a plain F/B/I, or both halves of an F&B pair) on
+    ``rank`` through :func:`simtrain.ep_lowering.lower_moe_parts`, then add memory deltas and each
+    half's TP collectives (on the ``tp`` stream after its last compute; the rank's next step waits
+    for them). A pair's compute is scaled by the profile's ``overlap_compute_factor`` and its p2p
+    sends follow ``overlap_sends`` as in :func:`_lower_pair`.
+
+    Returns:
+        Ids of the tasks the rank's next action waits for, and the
+        :class:`simtrain.ep_lowering.PartTasks` of each half.
+    """
+    hw, forward_only = topology.hardware, topology.parallel.forward_only
+    pair = len(parts) == 2
+    built = lower_moe_parts(graph, rank, parts, [chunk[a.stage] for a in parts], topology, waves,
+                            compute_factor=hw.overlap_compute_factor if pair else 1.0)
+    ends = []
+    for pt in built:
+        a, c, tasks = pt.action, chunk[pt.action.stage], pt.compute
+        tasks[0].deps += after
+        tasks[0].mem_start, tasks[-1].mem_end = _memory(a, c, rank, forward_only)
+        first[a], end = tasks[0], tasks[-1]
+        tp_s = {"F": c.tp_forward_s, "B": c.tp_backward_s, "I": c.tp_backward_s}[a.kind]
+        if tp_s > 0:
+            end = graph.add(
+                name=f"tp {a}", rank=rank, category="comm", kind="tp", stream="tp", duration_s=tp_s,
+                deps=[end.tid], resources=topology.tp_route(rank).resources, stage=a.stage, microbatch=a.microbatch,
+            )
+        last[a] = end
+        ends.append(end)
+    if pair and hw.overlap_sends == "after_pair":  # both sends wait for the later-built half's end
+        for a in parts:
+            last[a] = max(ends, key=lambda t: t.tid)
+    return [t.tid for t in ends], built
+
+
+def _dp_bucket(
+    graph: TaskGraph, a: Action, i: int, c, costs: StageCosts, after: Task, topology: Topology,
+    holders: tuple[int, ...],
+) -> Task:
+    """Gradient reduction (all-reduce, or reduce-scatter under ZeRO-1) of bucket ``i`` of ``a``'s
+    weight gradients (chunk ``c``, ``dp_buckets`` equal buckets) over the DP replicas of every
+    pipeline rank in ``holders`` (the ranks computing ``a``'s chunk), on the rank's ``dp`` stream
+    after ``after``. Routed-expert gradients are reduced over the expert-DP replicas instead
+    (``dp x tp / ep`` per holder), after the rest."""
+    rank, parallel = after.rank, topology.parallel
+    pieces = parallel.dp_buckets
+    dense = (c.params - c.expert_params) * costs.grad_bytes_per_param / pieces
+    experts = c.expert_params * costs.grad_bytes_per_param / pieces
+    route = topology.gradient_route(rank, holders)
+    reduce = ring_reduce_scatter_s if parallel.zero_stage >= 1 else ring_all_reduce_s
+    seconds = reduce(dense, parallel.dp * len(holders), route.link, route.bandwidth_bytes_per_s)
+    if experts > 0:
+        edp = topology.expert_dp_route(rank) if len(holders) == 1 else route
+        seconds += reduce(experts, parallel.dp * parallel.tp // parallel.ep * len(holders), edp.link,
+                          edp.bandwidth_bytes_per_s)
+    return graph.add(
+        name=f"dp grad stage {a.stage} bucket {i}", rank=rank, category="comm", kind="dp", stream="dp",
+        deps=[after.tid], resources=route.resources, duration_s=seconds, stage=a.stage, nbytes=dense + experts,
+    )
+
+
+def _lower_pair(graph, pair, rank, after, chunk, topology, comm, first, last) -> list[int]:
+    """Lower an overlapped forward-and-backward pair (DualPipe's F&B) on ``rank``.
+
+    Each half is cut into one slice per transformer layer of its chunk, and the slices alternate
+    on the compute stream, forward slice first. This follows DeepSeek's published DualPipe
+    training profile (deepseek-ai/profile-data, train.json: one pair of 4-layer chunks), which
+    overlaps the pair layer by layer; within each layer pair the compute starts with the
+    forward's attention and ends with the backward's attention (input, then weight gradients).
+    Every slice takes its share of the half's compute times the
+    profile's ``overlap_compute_factor``, and is followed on the ``tp`` stream by its share of the
+    half's TP collectives; the half's next slice waits for them, the other half's does not, so
+    each half's communication overlaps the other's compute. A half is done when its last slice
+    and that slice's collectives are; with ``overlap_sends == "per_half"`` its p2p send leaves
+    then, with ``"after_pair"`` both halves' sends wait for the end of the whole pair.
+
+    Args:
+        after: ids of the tasks the pair waits for (the rank's previous action).
+
+    Returns:
+        Ids of the tasks the rank's next action waits for: the last task of each half.
+    """
+    hw = topology.hardware
+    tp_route = topology.tp_route(rank)
+    halves = []
+    for a in (pair.forward, pair.backward):
+        c = chunk[a.stage]
+        seconds = {"F": c.forward_s, "B": c.backward_s, "I": c.backward_input_s}[a.kind]
+        tp_s = (c.tp_forward_s if a.kind == "F" else c.tp_backward_s) if comm else 0.0
+        mem = {"F": c.activation_bytes, "B": -c.activation_bytes, "I": c.weight_grad_bytes - c.activation_bytes}
+        halves.append((a, max(1, len(c.layers)), seconds * hw.overlap_compute_factor, tp_s, mem[a.kind]))
+    waits = {a: list(after) for a, *_ in halves}
+    end = None
+    for i in range(max(n for _, n, *_ in halves)):
+        for a, n, seconds, tp_s, mem in halves:
+            if i >= n:
+                continue
+            task = graph.add(
+                name=f"{a} ({i + 1}/{n})", rank=rank, category="compute", kind=a.kind, stream="compute",
+                duration_s=seconds / n, deps=list(waits[a]), stage=a.stage, microbatch=a.microbatch,
+                mem_start=[(rank, mem)] if a.kind == "F" and i == 0 else [],
+                mem_end=[(rank, mem)] if a.kind != "F" and i == n - 1 else [],
+            )
+            if i == 0:
+                first[a] = task
+            if tp_s > 0:
+                task = graph.add(
+                    name=f"tp {a} ({i + 1}/{n})", rank=rank, category="comm", kind="tp", stream="tp",
+                    duration_s=tp_s / n, deps=[task.tid], resources=tp_route.resources,
+                    stage=a.stage, microbatch=a.microbatch,
+                )
+            waits[a] = [task.tid]
+            last[a] = end = task
+    ends = [last[a].tid for a in pair.parts]
+    if hw.overlap_sends == "after_pair":  # both sends wait for the later-listed half's end
+        for a in pair.parts:
+            last[a] = end
+    return ends
 
 
 def _weight_grad_finishers(schedule: Schedule) -> set[Action]:
@@ -219,7 +332,8 @@ def _add_pipeline_dependencies(schedule, graph, first, last, chunk, topology, co
 
 
 def _add_optimizer(schedule, graph, costs, topology, held, dp_tasks, dp) -> None:
-    """Optimizer step per rank after its gradient reductions; ZeRO-1 parameter all-gather."""
+    """Optimizer step per rank after its gradient reductions; ZeRO-1 parameter all-gather (dense
+    parameters over DP, routed-expert parameters over expert-DP)."""
     parallel = topology.parallel
     for rank in range(schedule.num_ranks):
         duration = costs.optimizer_s(held[rank])
@@ -236,8 +350,12 @@ def _add_optimizer(schedule, graph, costs, topology, held, dp_tasks, dp) -> None
             route = topology.dp_route(rank)
             experts = sum(costs.chunks[c].expert_params for c in held[rank]) * costs.grad_bytes_per_param
             dense = sum(costs.chunks[c].params for c in held[rank]) * costs.grad_bytes_per_param - experts
+            seconds = ring_all_gather_s(dense, dp, route.link, route.bandwidth_bytes_per_s)
+            if experts > 0:
+                edp = topology.expert_dp_route(rank)
+                seconds += ring_all_gather_s(experts, dp * parallel.tp // parallel.ep, edp.link,
+                                             edp.bandwidth_bytes_per_s)
             graph.add(
                 name="dp param all-gather", rank=rank, category="comm", kind="dp", stream="dp",
-                duration_s=_dp_sync_s("gather", dense, experts, rank, topology),
-                deps=[opt.tid], resources=route.resources, nbytes=dense + experts,
+                duration_s=seconds, deps=[opt.tid], resources=route.resources, nbytes=dense + experts,
             )

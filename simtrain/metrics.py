@@ -7,9 +7,13 @@ Definitions (sources use different ones; these are simtrain's):
   ``1 - busy_r / step``. Idle time includes time a rank waits on exposed communication. With
   unit costs and free communication GPipe and 1F1B give ``(p-1)/(m+p-1)`` (bubble over makespan,
   as sail-sg's README states it; Megatron's ``(p-1)/m`` divides by ideal time instead).
-* **span bubble ratio** (Zero Bubble paper §5.3): the longest per-rank span (first compute start
-  to last compute end) is the cost; each rank's bubble is ``1 - busy_r / cost``; reported as the
-  mean over ranks. It ignores the warm-up wait before a rank's first action.
+* **span bubble ratio** (Zero Bubble paper, Qi et al. 2024 §5.3: bubble rate
+  ``(cost - m(T_F+T_B+T_W)) / cost`` with cost the largest execution time of all stages, measured
+  per stage from its first forward to its last W as sail-sg's ``auto_schedule.py`` does):
+  ``(cost - mean_r busy_r) / cost``, with cost the longest per-rank span of pipeline actions
+  (first F/B/I/W start to last end) and busy_r the time rank r computes them. With balanced
+  stages every ``busy_r`` is the paper's ``m(T_F+T_B+T_W)`` (its T_B is our I). It ignores the
+  wait before a rank's first action, so ZB-H2 and ZB-V reach 0 where the bubble ratio does not.
 * **exposed communication** of a rank: time during which communication that involves the rank
   (as sender, receiver or collective member) is in flight and its compute stream is idle;
   ``exposed_comm_s`` is the mean over ranks.
@@ -39,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from .engine import SimResult
+from .network import parse_port
 
 
 def _union(intervals: np.ndarray) -> np.ndarray:
@@ -161,7 +166,7 @@ def compute_report(
     trace = result.trace
     step = result.makespan_s
     ranks = sorted(result.memory["rank"].unique())
-    busy, exposed, comm_total, spans = [], [], [], []
+    busy, exposed, comm_total, spans, pipe_busy = [], [], [], [], []
     a2a_total, a2a_exposed = [], []
     for r in ranks:
         comp = trace[(trace["rank"] == r) & (trace["category"] == "compute")]
@@ -176,7 +181,9 @@ def compute_report(
         a2a_iv = _union(trace.loc[involved & (trace["kind"] == "a2a"), ["start_s", "end_s"]].to_numpy(dtype=float))
         a2a_total.append(_length(a2a_iv))
         a2a_exposed.append(a2a_total[-1] - _intersection_length(a2a_iv, comp_iv))
-        spans.append(comp_iv[-1, 1] - comp_iv[0, 0] if len(comp_iv) else 0.0)
+        pipe_iv = _union(comp.loc[comp["stage"].notna(), ["start_s", "end_s"]].to_numpy(dtype=float))
+        spans.append(pipe_iv[-1, 1] - pipe_iv[0, 0] if len(pipe_iv) else 0.0)
+        pipe_busy.append(_length(pipe_iv))
     n = len(ranks)
     max_span = max(spans) if spans else 0.0
     peaks = result.memory.groupby("rank")["bytes"].max().reindex(ranks).tolist()
@@ -187,7 +194,7 @@ def compute_report(
         bubble_ratio=1 - sum(busy) / (n * step) if step > 0 else 0.0,
         bubble_ratio_per_rank=[1 - b / step if step > 0 else 0.0 for b in busy],
         bubble_time_s_per_rank=[step - b for b in busy],
-        span_bubble_ratio=float(np.mean([1 - b / max_span for b in busy])) if max_span > 0 else 0.0,
+        span_bubble_ratio=1 - float(np.mean(pipe_busy)) / max_span if max_span > 0 else 0.0,
         exposed_comm_s=float(np.mean(exposed)) if exposed else 0.0,
         exposed_comm_s_per_rank=exposed,
         comm_s=total_comm,
@@ -216,16 +223,16 @@ def link_utilisation(trace: pd.DataFrame, num_ranks: int, step_s: float) -> dict
         step_s: step time.
 
     Returns:
-        ``{kind: utilisation}`` with kind ``"<link>:<direction>"`` for ports named
-        ``"<link>:<rank>:<direction>"`` (other names are their own kind), sorted by kind.
+        ``{kind: utilisation}`` with kind ``"<link>:<direction>"`` for link ports (see
+        :func:`simtrain.network.parse_port`; other resources are their own kind), sorted by kind.
     """
     if step_s <= 0 or "resources" not in trace or trace.empty:
         return {}
-    held = trace.loc[trace["resources"] != "", ["resources", "start_s", "end_s"]]
-    if held.empty:
-        return {}
-    ports = held.assign(port=held["resources"].str.split()).explode("port")
-    parts = ports["port"].str.split(":")
-    kind = parts.map(lambda p: f"{p[0]}:{p[2]}" if len(p) == 3 else ":".join(p))
-    busy = (ports["end_s"] - ports["start_s"]).groupby(kind).sum()
-    return {k: float(v) / (num_ranks * step_s) for k, v in sorted(busy.items())}
+    busy: dict[str, float] = {}
+    held = trace[trace["resources"].fillna("") != ""]
+    for res, start, end in zip(held["resources"], held["start_s"], held["end_s"]):
+        for name in str(res).split(","):
+            port = parse_port(name)
+            kind = f"{port[0]}:{port[2]}" if port else name
+            busy[kind] = busy.get(kind, 0.0) + end - start
+    return {k: v / (num_ranks * step_s) for k, v in sorted(busy.items())}

@@ -39,6 +39,18 @@ def ring_all_reduce_s(nbytes: float, n: int, link: Link, bandwidth_bytes_per_s: 
     return 2 * ring_reduce_scatter_s(nbytes, n, link, bandwidth_bytes_per_s)
 
 
+def parse_port(name: str) -> tuple[str, int, str] | None:
+    """Split an engine port name ``"<link>:<rank>:<out|in>"`` (see :class:`Topology`).
+
+    Returns:
+        ``(link, rank, direction)``, e.g. ``("nic", 3, "out")``, or None for any other resource name.
+    """
+    parts = name.split(":")
+    if len(parts) == 3 and parts[1].isdigit():
+        return parts[0], int(parts[1]), parts[2]
+    return None
+
+
 @dataclass(frozen=True)
 class Route:
     """A link class and the bandwidth one GPU gets on it, plus the engine resources it occupies.
@@ -96,10 +108,24 @@ class Topology:
         NVLink when the whole group sits in one node, else the inter-node network (a ring is as
         fast as its slowest hop). It occupies both directions of the rank's port.
         """
-        hw = self.hardware
         first = self.parallel.gpu_id(pp_rank)
         last = first + stride * (size - 1)
-        if first // hw.gpus_per_node == last // hw.gpus_per_node:
+        per_node = self.hardware.gpus_per_node
+        return self._collective_route(pp_rank, first // per_node == last // per_node)
+
+    def gradient_route(self, pp_rank: int, holders: tuple[int, ...]) -> Route:
+        """Route of the gradient reduction of a model chunk held by pipeline ranks ``holders`` (one
+        rank, or DualPipe's two copies), over all their DP replicas, seen from ``pp_rank``.
+
+        NVLink when all those GPUs sit in one node, else the inter-node network; it occupies both
+        directions of the rank's port. With ``holders == (pp_rank,)`` it is :meth:`dp_route`.
+        """
+        nodes = {self.node_of(h, d) for h in holders for d in range(self.parallel.dp)}
+        return self._collective_route(pp_rank, len(nodes) == 1)
+
+    def _collective_route(self, pp_rank: int, one_node: bool) -> Route:
+        hw = self.hardware
+        if one_node:
             return Route(hw.intra_node, hw.intra_node.bandwidth_bytes_per_s, self._ports("nvlink", pp_rank))
         return Route(hw.inter_node, hw.nic_bandwidth_per_gpu_bytes_per_s, self._ports("nic", pp_rank))
 

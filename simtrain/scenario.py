@@ -40,6 +40,7 @@ class Scenario(BaseModel):
         op_times: fixed (F, I, W) seconds per action instead of the cost model.
         no_comm: make all communication free.
         out: HTML file to write (relative paths are relative to the scenario file).
+        sweep: optional ``{field: [values]}`` to sweep (see :mod:`simtrain.sweep`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -53,10 +54,12 @@ class Scenario(BaseModel):
     op_times: tuple[float, float, float] | None = None
     no_comm: bool = False
     out: str | None = None
+    sweep: dict[str, list[int]] | None = None
 
 
 def load_scenario(path: Path) -> Scenario:
-    """Read and validate a scenario YAML file; a relative ``out`` is resolved against its folder.
+    """Read and validate a scenario YAML file; a relative ``out`` is resolved against its folder,
+    and so is a relative ``model`` or ``hardware`` YAML file that exists there.
 
     Raises:
         SimtrainError: missing file, malformed YAML, or an invalid field.
@@ -64,6 +67,10 @@ def load_scenario(path: Path) -> Scenario:
     scenario = validate_model(Scenario, load_yaml_file(path), str(path))
     if scenario.out and not Path(scenario.out).is_absolute():
         scenario.out = str(path.parent / scenario.out)
+    for field in ("model", "hardware"):
+        value = Path(getattr(scenario, field))
+        if value.suffix in (".yaml", ".yml") and not value.is_absolute() and (path.parent / value).exists():
+            setattr(scenario, field, str(path.parent / value))
     return scenario
 
 

@@ -14,6 +14,12 @@ SMALL = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "4", "--tp", 
          "--microbatches", "8", "--seq-len", "2048"]
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """Run every CLI test in a fresh folder, so default outputs never land in the repository."""
+    monkeypatch.chdir(tmp_path)
+
+
 def invoke(*args: str):
     return runner.invoke(app, list(args))
 

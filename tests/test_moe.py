@@ -4,6 +4,8 @@ lowering (serial, waved, F&B pairing), forward-only steps, metrics and the CLI."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
@@ -25,6 +27,7 @@ from simtrain.schedules import ScheduleError, generate, split_name
 from simtrain.schedules.ir import Action, OverlapAction
 
 H800 = load_profile("h800")
+ROOT = Path(__file__).resolve().parent.parent
 T, K, H = 128, 4, 256  # tokens per microbatch (b = 1, s = 128), top-k, hidden of tiny_moe
 
 
@@ -235,7 +238,7 @@ def test_link_utilisation_is_busy_time_over_step_per_port_kind():
     util, t, step = run.report.link_utilisation, run.result.trace, run.report.step_time_s
     assert {"nic:out", "nic:in", "nvlink:out", "nvlink:in"} <= set(util)
     assert all(0 < v <= 1 for v in util.values())
-    busy = sum((r.end_s - r.start_s) * sum(p.startswith("nic:") and p.endswith(":out") for p in r.resources.split())
+    busy = sum((r.end_s - r.start_s) * sum(p.startswith("nic:") and p.endswith(":out") for p in r.resources.split(","))
                for r in t.itertuples())
     assert util["nic:out"] == pytest.approx(busy / (2 * step))
 
@@ -332,7 +335,8 @@ def test_cli_table_and_dashboard_show_all_to_all(moe_yaml, tmp_path):
                               "--ep", "16", "--microbatches", "2", "--schedules", "1f1b+waved-ep",
                               "--forward-only", "--dispatch-dtype", "fp8", "--node-limit", "1", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert "exposed a2a" in res.stdout and "EP 16" in res.stdout and "forward only" in res.stdout
+    assert "a2a (ms)" in res.stdout and "EP share" in res.stdout and "EP 16" in res.stdout
+    assert "forward only" in res.stdout
     html = out.read_text()
     assert "exposed all-to-all (ms)" in html and "EP share" in html and "nic:out" in html
 
@@ -423,3 +427,48 @@ def test_any_moe_configuration_simulates_completely(schedule, m_mult, ep, waves,
         c = run.costs.chunks[run.schedule.chunk_of(int(stage))]
         cost = {"F": c.forward_s, "B": c.backward_s, "I": c.backward_input_s, "W": c.backward_weight_s}[kind]
         assert seconds == pytest.approx(cost, rel=1e-9)
+
+
+def test_waved_ep_composes_with_the_registered_dualpipe_schedules(moe_yaml):
+    res = runner.invoke(app, ["compare", "--model", moe_yaml, "--hardware", "h800", "--pp", "2", "--dp", "8",
+                              "--ep", "8", "--microbatches", "8", "--zero-stage", "1", "--waves", "4", "--json",
+                              "--schedules", "1f1b,1f1b+waved-ep,dualpipev,dualpipev+waved-ep,dualpipe,dualpipe+waved-ep"])
+    assert res.exit_code == 0, res.output
+    rows = {r["schedule"]: r for r in json.loads(res.stdout)}
+    for base in ("1f1b", "dualpipev", "dualpipe"):
+        assert rows[f"{base}+waved-ep"]["exposed_a2a_s"] < rows[base]["exposed_a2a_s"]
+        assert rows[f"{base}+waved-ep"]["step_time_s"] < rows[base]["step_time_s"]
+    for base in ("dualpipev", "dualpipe"):  # F&B pairs hide some all-to-all that 1F1B leaves exposed
+        assert rows[base]["exposed_a2a_s"] / rows[base]["a2a_s"] < rows["1f1b"]["exposed_a2a_s"] / rows["1f1b"]["a2a_s"]
+
+
+def test_moe_pairs_follow_the_profiles_pair_settings():
+    model, par = balanced_moe(layers=9), ParallelConfig(pp=4, dp=8, ep=8, microbatches=8, zero_stage=1)
+    slow = replace(H800, overlap_compute_factor=1.25, overlap_sends="per_half")
+    plain, scaled = run_schedule("dualpipev", model, H800, par), run_schedule("dualpipev", model, slow, par)
+    check_run(scaled, contiguous=False)
+    pair = next(a for order in plain.schedule.orders for a in order if isinstance(a, OverlapAction))
+
+    def busy(run, a):
+        t = run.result.trace
+        rows = t[(t["category"] == "compute") & (t["stage"] == a.stage) & (t["microbatch"] == a.microbatch)
+                 & (t["kind"] == a.kind)]
+        return (rows["end_s"] - rows["start_s"]).sum()
+
+    for a in pair.parts:
+        assert busy(scaled, a) == pytest.approx(1.25 * busy(plain, a))
+    # after_pair (the default): a pair's sends leave when both halves are done
+    t = plain.result.trace
+    comp = t[t["category"] == "compute"]
+    pair_end = max(comp.loc[(comp["stage"] == a.stage) & (comp["microbatch"] == a.microbatch)
+                            & (comp["kind"] == a.kind), "end_s"].max() for a in pair.parts)
+    sends = t[(t["kind"] == "p2p") & t["name"].str.startswith(tuple(f"p2p {p} " for p in pair.parts))]
+    assert len(sends) and (sends["start_s"] >= pair_end - 1e-12).all()
+
+
+def test_the_deepseek_v3_scenario_runs_with_expert_parallelism():
+    res = runner.invoke(app, ["compare", str(ROOT / "dashboards" / "pending" / "deepseek-v3.yaml"), "--schedules", "1f1b", "--json"])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)
+    assert row["fits_in_hbm"] and row["a2a_s"] > 0 and row["exposed_a2a_s"] == pytest.approx(row["a2a_s"])
+    assert row["link_utilisation"]["nic:out"] > row["link_utilisation"]["nvlink:out"] > 0

@@ -12,9 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from .dualpipe import dualpipe
+from .dualpipev import dualpipev
 from .gpipe import gpipe
-from .ir import Action, OverlapAction, Schedule, ScheduleError, parse_action
+from .interleaved import interleaved_1f1b
+from .interleaved_zb import interleaved_zero_bubble
+from .ir import Action, OverlapAction, Schedule, ScheduleError, ScheduleWarning, parse_action
+from .looped_bfs import looped_bfs
 from .one_f_one_b import one_f_one_b
+from .zbv import zbv
+from .zero_bubble import zb_h1, zb_h2
 
 Generator = Callable[[int, int, int], Schedule]
 
@@ -38,6 +45,19 @@ class ScheduleInfo:
 REGISTRY: dict[str, ScheduleInfo] = {
     "gpipe": ScheduleInfo(gpipe, "GPipe: all forwards then all backwards (Huang et al. 2019)"),
     "1f1b": ScheduleInfo(one_f_one_b, "1F1B / PipeDream-Flush (Narayanan et al. 2021)"),
+    "interleaved-1f1b": ScheduleInfo(
+        interleaved_1f1b, "Interleaved 1F1B, looped placement (Megatron-LM 2021 §2.2.2)", uses_vp=True),
+    "looped-bfs": ScheduleInfo(
+        looped_bfs, "Breadth-first looped stages (arXiv:2211.05953; torch ScheduleLoopedBFS)", uses_vp=True),
+    "interleaved-zb": ScheduleInfo(
+        interleaved_zero_bubble, "Interleaved zero bubble (torch ScheduleInterleavedZeroBubble)", uses_vp=True),
+    "zb-h1": ScheduleInfo(zb_h1, "ZB-H1: W delayed into the cool-down (Qi et al. 2024 §2.1)"),
+    "zb-h2": ScheduleInfo(zb_h2, "ZB-H2: doubled warm-up, zero bubble (Qi et al. 2024 §2.2)"),
+    "zbv": ScheduleInfo(zbv, "ZB-V: 2 stages per rank in a V (Qi et al. 2024 §6; torch ScheduleZBVZeroBubble)"),
+    "dualpipe": ScheduleInfo(
+        dualpipe, "DualPipe: two directions, overlapped F&B pairs (DeepSeek-V3 report §3.2.1)"),
+    "dualpipev": ScheduleInfo(
+        dualpipev, "DualPipeV: DualPipe cut in half, V placement (Sea AI Lab; deepseek-ai/DualPipe)"),
 }
 
 
@@ -92,6 +112,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "ScheduleInfo",
+    "ScheduleWarning",
     "VARIANTS",
     "generate",
     "parse_action",

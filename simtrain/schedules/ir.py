@@ -30,6 +30,13 @@ class ScheduleError(SimtrainError):
     """A schedule that cannot run: invalid parameters, a missing or duplicated action, etc."""
 
 
+class ScheduleWarning(UserWarning):
+    """A schedule that runs but not as its paper intends (e.g. padded for too few microbatches).
+
+    Generators emit it with :func:`warnings.warn`; the CLI prints it as ``warning: ...``.
+    """
+
+
 @dataclass(frozen=True, order=True)
 class Action:
     """One compute action: ``stage`` (global index), ``kind`` in F/B/I/W, ``microbatch``."""

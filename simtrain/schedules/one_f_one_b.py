@@ -13,7 +13,7 @@ Rank r therefore holds at most ``min(m, p - r)`` activations, and with unit cost
 
 from __future__ import annotations
 
-from .common import check_common, linear_placement
+from .common import check_common, linear_placement, one_f_one_b_phases
 from .ir import Action, Schedule
 
 
@@ -31,10 +31,7 @@ def one_f_one_b(pp: int, microbatches: int, vp: int = 1) -> Schedule:
     check_common("1f1b", pp, microbatches, vp, allowed_vp=(1,))
     orders = []
     for rank in range(pp):
-        warmup = min(pp - rank - 1, microbatches)
-        order = [Action(rank, "F", mb) for mb in range(warmup)]
-        for i in range(microbatches - warmup):  # steady state
-            order += [Action(rank, "F", warmup + i), Action(rank, "B", i)]
-        order += [Action(rank, "B", mb) for mb in range(microbatches - warmup, microbatches)]
-        orders.append(tuple(order))
+        forwards = [Action(rank, "F", mb) for mb in range(microbatches)]
+        backwards = [Action(rank, "B", mb) for mb in range(microbatches)]
+        orders.append(one_f_one_b_phases(forwards, backwards, warmup=pp - rank - 1))
     return Schedule("1f1b", microbatches, linear_placement(pp), tuple(orders))

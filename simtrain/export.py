@@ -1,0 +1,176 @@
+"""Export simulated steps for other tools: Chrome / Perfetto trace-event JSON and CSV tables.
+
+Input is the trace and memory DataFrames of :mod:`simtrain.engine` (pure pandas; nothing here
+knows about SimPy). Each schedule's step becomes, per rank, one *process* in the trace viewer, and
+each stream of that rank one *thread*: ``compute`` first, then the communication lanes
+(``p2p`` for point-to-point transfers, and each collective stream such as ``tp``, ``dp``).
+
+Trace-event format (Google, "Trace Event Format", the JSON Object Format that chrome://tracing
+and ui.perfetto.dev read): ``{"traceEvents": [...], "displayTimeUnit": "ms"}``; times ``ts`` and
+``dur`` are in microseconds. Tasks are complete events (``"ph": "X"``); names of processes and
+threads are metadata events (``"ph": "M"``); the memory of each rank is a counter (``"ph": "C"``,
+in GiB). Every event carries ``name``, ``ph``, ``ts``, ``dur``, ``pid`` and ``tid`` (``ts`` and
+``dur`` are 0 where the format ignores them), so each event reads the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import SimtrainError
+
+US = 1e6
+GiB = 2**30
+COMPUTE_LANE = "compute"
+P2P_LANE = "p2p"
+
+
+def lane_of(category: str, stream: str | None, kind: str) -> str:
+    """The lane (timeline row / trace thread) a task is drawn in.
+
+    Args:
+        category: ``"compute"`` or ``"comm"``.
+        stream: the task's stream ("" or None for stream-less transfers).
+        kind: the task's kind (used when a communication task has no stream).
+
+    Returns:
+        ``"compute"`` for compute, the stream name for streamed communication, ``"p2p"`` for
+        stream-less point-to-point transfers, else the kind.
+    """
+    if category == "compute":
+        return COMPUTE_LANE
+    if stream:
+        return str(stream)
+    return P2P_LANE if kind == "p2p" else str(kind)
+
+
+def lanes(trace: pd.DataFrame) -> pd.Series:
+    """:func:`lane_of` for every row of a trace (a Series aligned with ``trace``)."""
+    return pd.Series(
+        [lane_of(c, s, k) for c, s, k in zip(trace["category"], trace["stream"], trace["kind"])],
+        index=trace.index, dtype=object,
+    )
+
+
+def lane_order(names: Iterable[str]) -> list[str]:
+    """Lanes in drawing order: compute, tp (it runs between compute tasks), p2p, the other
+    communication lanes alphabetically, and dp (gradient reduction, at the end of the step) last."""
+    rank = {COMPUTE_LANE: 0, "tp": 1, P2P_LANE: 2, "dp": 4}
+    return sorted(set(names), key=lambda n: (rank.get(n, 3), n))
+
+
+def _clean(value):
+    """JSON-safe scalar: NaN/None -> None, numpy numbers -> Python numbers."""
+    if value is None:
+        return None
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+        if isinstance(value, float) and math.isnan(value):
+            return None
+    return value
+
+
+def chrome_trace(
+    traces: Mapping[str, pd.DataFrame], memories: Mapping[str, pd.DataFrame] | None = None
+) -> dict:
+    """Build the trace-event JSON object of one or more simulated steps.
+
+    Args:
+        traces: schedule name -> engine trace (columns of :data:`simtrain.engine.TRACE_COLUMNS`).
+        memories: schedule name -> memory timeline (rank, time_s, bytes), optional.
+
+    Returns:
+        ``{"traceEvents": [...], "displayTimeUnit": "ms"}``: one process per (schedule, rank),
+        named ``"<schedule> · rank <r>"``; one thread per lane; a ``memory`` counter per rank.
+    """
+    events: list[dict] = []
+    pid = 0
+    memories = memories or {}
+    for schedule, trace in traces.items():
+        lane = lanes(trace)
+        memory = memories.get(schedule)
+        for rank in sorted(trace["rank"].unique()):
+            pid += 1
+            rows = trace[trace["rank"] == rank]
+            order = lane_order(lane[rows.index])
+            tid_of = {name: i + 1 for i, name in enumerate(order)}
+            meta = dict(ph="M", ts=0, dur=0, pid=pid)
+            events.append({**meta, "name": "process_name", "tid": 0,
+                           "args": {"name": f"{schedule} · rank {int(rank)}"}})
+            events.append({**meta, "name": "process_sort_index", "tid": 0, "args": {"sort_index": pid}})
+            for name, tid in tid_of.items():
+                events.append({**meta, "name": "thread_name", "tid": tid, "args": {"name": name}})
+                events.append({**meta, "name": "thread_sort_index", "tid": tid, "args": {"sort_index": tid}})
+            for idx, row in rows.iterrows():
+                args = {k: _clean(row[k]) for k in ("kind", "stage", "microbatch", "bytes", "peer")
+                        if k in row and _clean(row[k]) not in (None, "")}
+                if row.get("resources"):
+                    args["resources"] = row["resources"]
+                events.append({
+                    "name": str(row["name"]), "cat": str(row["kind"]), "ph": "X",
+                    "ts": float(row["start_s"]) * US, "dur": float(row["end_s"] - row["start_s"]) * US,
+                    "pid": pid, "tid": tid_of[lane[idx]], "args": args,
+                })
+            if memory is not None:
+                mem = memory[memory["rank"] == rank].sort_values("time_s", kind="stable")
+                for t, b in zip(mem["time_s"], mem["bytes"]):
+                    events.append({"name": "memory", "ph": "C", "ts": float(t) * US, "dur": 0,
+                                   "pid": pid, "tid": 0, "args": {"GiB": float(b) / GiB}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def trace_table(traces: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """All traces in one table: a ``schedule`` column, then the engine's columns (SI units)."""
+    frames = [t.assign(schedule=name)[["schedule", *t.columns]] for name, t in traces.items()]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["schedule"])
+
+
+def check_output_path(path: Path, flag: str, suffix: str, inputs: Iterable[Path] = ()) -> Path:
+    """Refuse an output path that would overwrite an input or has the wrong file type.
+
+    Args:
+        path: where the user asked to write.
+        flag: the CLI flag, for the message (e.g. ``"--trace"``).
+        suffix: the required extension, e.g. ``".json"``.
+        inputs: files this command reads (scenario, measured traces); none may be overwritten.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        SimtrainError: wrong extension, a folder, or one of ``inputs``.
+    """
+    path = Path(path)
+    if path.suffix.lower() != suffix:
+        raise SimtrainError(f"{flag} = {str(path)!r}: expected a {suffix} file name")
+    if path.is_dir():
+        raise SimtrainError(f"{flag} = {str(path)!r}: is a folder, expected a {suffix} file name")
+    for src in inputs:
+        if src is not None and Path(src).exists() and path.exists() and path.resolve() == Path(src).resolve():
+            raise SimtrainError(f"{flag} = {str(path)!r}: is an input of this command; refusing to overwrite it")
+    return path
+
+
+def write_chrome_trace(
+    path: Path, traces: Mapping[str, pd.DataFrame], memories: Mapping[str, pd.DataFrame] | None = None
+) -> Path:
+    """Write :func:`chrome_trace` to ``path`` (parent folders are created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(chrome_trace(traces, memories), separators=(",", ":")))
+    return path
+
+
+def write_trace_csv(path: Path, traces: Mapping[str, pd.DataFrame]) -> Path:
+    """Write :func:`trace_table` as CSV (seconds and bytes) to ``path``; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    trace_table(traces).to_csv(path, index=False)
+    return path

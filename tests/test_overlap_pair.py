@@ -1,0 +1,117 @@
+"""Lowering of an overlapped forward-and-backward pair (DualPipe's F&B): hand-computed times.
+
+A hand-made schedule on two ranks with three stages (0 and 2 on rank 0, 1 on rank 1) puts one
+pair on rank 1: ``(1F1;1B0)``. Every chunk has 2 layers, F = 2 s, I = 3 s, W = 1 s (B = 4 s) and
+TP collectives of 1 s inside F and 2 s inside the backward; messages are empty (zero-time p2p).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from conftest import check_run, tiny_model
+from simtrain.costs import stage_costs
+from simtrain.engine import simulate
+from simtrain.errors import SimtrainError
+from simtrain.hardware import PROFILE_DIR, load_profile
+from simtrain.lowering import lower
+from simtrain.network import Topology
+from simtrain.parallel import ParallelConfig
+from simtrain.schedules.ir import Schedule, parse_action
+
+ORDERS = [
+    "0F0 0F1 2F0 2B0 2F1 2B1 0B0 0B1",
+    "1F0 (1F1;1B0)OVERLAP_F_B 1B1",
+]
+
+
+def _simulate(factor: float = 1.0, sends: str = "per_half"):
+    schedule = Schedule(
+        "hand", 2, (0, 1, 0), tuple(tuple(parse_action(a) for a in o.split()) for o in ORDERS),
+    )
+    schedule.validate()
+    hw = dataclasses.replace(load_profile("h100-sxm"), overlap_compute_factor=factor, overlap_sends=sends)
+    parallel = ParallelConfig(pp=2, microbatches=2)
+    costs = stage_costs(tiny_model(layers=6), parallel, hw, 3)
+    chunks = tuple(
+        dataclasses.replace(c, forward_s=2.0, backward_input_s=3.0, backward_weight_s=1.0, tp_forward_s=1.0,
+                            tp_backward_s=2.0, p2p_bytes=0.0)
+        for c in costs.chunks
+    )
+    costs = dataclasses.replace(costs, chunks=chunks, optimizer_s_per_param=0.0)
+    trace = simulate(lower(schedule, costs, Topology(hw, parallel))).trace
+    return {row.name: (row.start_s, row.end_s) for row in trace.itertuples()}
+
+
+def test_halves_alternate_and_each_hides_the_others_communication():
+    t = _simulate()
+    # rank 1: 1F0 at 3-5 (after 0F0 and its TP), its TP 5-6; the pair starts at 6.
+    # F slice 1 at 6-7 (its TP 7-7.5); B slice 1 waits for 2B0's TP (ends 15): 15-17, TP 17-18;
+    # F slice 2 waits for the stream: 17-18, TP 18-18.5 (behind B's compute, not exposed);
+    # B slice 2 at 18-20, TP 20-21.
+    assert t["1F1 (1/2)"] == (6, 7) and t["tp 1F1 (1/2)"] == (7, 7.5)
+    assert t["1B0 (1/2)"] == (15, 17) and t["tp 1B0 (1/2)"] == (17, 18)
+    assert t["1F1 (2/2)"] == (17, 18) and t["tp 1F1 (2/2)"] == (18, 18.5)
+    assert t["1B0 (2/2)"] == (18, 20) and t["tp 1B0 (2/2)"] == (20, 21)
+    # per_half: 1F1's output leaves when its half is done (18.5), while 1B0's slice still runs
+    assert t["p2p 1F1 -> 2F1"] == (18.5, 18.5) and t["2F1"] == (18.5, 20.5)
+    # then 2F1's TP 20.5-21.5, 2B1 21.5-25.5, its TP 25.5-27.5, and 1B1 can start
+    assert t["1B1"][0] == 27.5
+    # 1B0's gradient is ready at 21 but waits for rank 0's NVLink port, busy with 2F1's TP
+    assert t["tp 2F1"] == (20.5, 21.5) and t["p2p 1B0 -> 0B0"] == (21.5, 21.5)
+
+
+def test_after_pair_sends_wait_for_the_whole_pair():
+    t = _simulate(sends="after_pair")
+    assert t["p2p 1F1 -> 2F1"] == (21, 21) and t["2F1"] == (21, 23)
+    assert t["1B1"][0] == 30  # everything downstream 2.5 s later
+    assert t["p2p 1B0 -> 0B0"] == (21, 21)
+
+
+def test_interference_factor_scales_the_pairs_compute_only():
+    t = _simulate(factor=1.5)
+    assert t["1F0"] == (3, 5)  # plain actions keep their time
+    assert t["1F1 (1/2)"] == (6, 7.5) and t["tp 1F1 (1/2)"] == (7.5, 8)
+    assert t["1B0 (1/2)"] == (15, 18) and t["tp 1B0 (1/2)"] == (18, 19)
+    assert t["1F1 (2/2)"] == (18, 19.5) and t["tp 1F1 (2/2)"] == (19.5, 20)
+    assert t["1B0 (2/2)"] == (19.5, 22.5) and t["tp 1B0 (2/2)"] == (22.5, 23.5)
+    assert t["p2p 1F1 -> 2F1"] == (20, 20)
+
+
+def test_pair_with_dp_and_tp_simulates_consistently():
+    from simtrain.scenario import run_schedule
+
+    for name in ("dualpipe", "dualpipev"):
+        run = run_schedule(name, tiny_model(num_heads=8), load_profile("h100-sxm"),
+                           ParallelConfig(pp=4, tp=2, dp=2, microbatches=8, seq_len=64))
+        check_run(run)
+        assert (run.result.trace["kind"] == "tp").any() and (run.result.trace["kind"] == "dp").any()
+
+
+def _profile(tmp_path, overlap):
+    data = yaml.safe_load((PROFILE_DIR / "h100-sxm.yaml").read_text())
+    data["overlap"] = overlap
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_profile_overlap_section(tmp_path):
+    hw = load_profile("h100-sxm")
+    assert hw.overlap_compute_factor == 1.0 and hw.overlap_sends == "after_pair"  # defaults
+    hw = load_profile(_profile(tmp_path, {"compute_factor": 1.2, "sends": "after_pair"}))
+    assert hw.overlap_compute_factor == 1.2 and hw.overlap_sends == "after_pair"
+
+
+@pytest.mark.parametrize("overlap,pattern", [
+    ({"compute_factor": 0.3}, r"p.yaml: field 'overlap.compute_factor' = 0.3: Input should be greater than or equal to 0.5"),
+    ({"compute_factor": 2.5}, r"field 'overlap.compute_factor' = 2.5: Input should be less than or equal to 2"),
+    ({"sends": "sometimes"}, r"field 'overlap.sends' = 'sometimes': Input should be 'per_half' or 'after_pair'"),
+    ({"factor": 1.0}, r"field 'overlap.factor' is not a known field"),
+])
+def test_bad_overlap_fields(tmp_path, overlap, pattern):
+    with pytest.raises(SimtrainError, match=pattern):
+        load_profile(_profile(tmp_path, overlap))

@@ -129,6 +129,58 @@ def schedule_color(i: int) -> str:
 
 # --- timelines ---------------------------------------------------------------------------------
 
+MAX_TIMELINE_BARS = 20_000
+"""Above this many tasks a timeline is drawn coarsened (see :func:`coarsen_trace`)."""
+
+
+def coarsen_trace(trace: pd.DataFrame, max_bars: int = MAX_TIMELINE_BARS) -> tuple[pd.DataFrame, float]:
+    """Merge the sub-operations of one action into fewer bars, so huge traces stay drawable.
+
+    MoE steps have one task per attention block, expert wave and all-to-all wave: hundreds of
+    thousands of tasks, more than a browser draws. Tasks on the same rank and lane with the same
+    kind, stage and microbatch are merged when the gap between them is at most ``tol`` seconds;
+    ``tol`` starts at 1/4000 of the step (below a pixel on a full-width timeline) and doubles until
+    at most ``max_bars`` bars remain. A merged bar spans first start to last end and its name says
+    how many tasks it holds. The trace itself (metrics, ``--trace``, ``--csv``) is never coarsened.
+
+    Args:
+        trace: the engine trace.
+        max_bars: the most bars to draw.
+
+    Returns:
+        ``(trace, tol)``: the (possibly merged) trace and the gap merged in seconds (0 if unchanged).
+    """
+    if len(trace) <= max_bars:
+        return trace, 0.0
+    t = trace.assign(_lane=lanes(trace)).reset_index(drop=True)
+    key_cols = ["rank", "_lane", "kind", "category", "stage", "microbatch"]
+    keys = t.groupby(key_cols, dropna=False, sort=False).ngroup()
+    t = t.assign(_key=keys).sort_values(["_key", "start_s"], kind="stable")
+    step = float(t["end_s"].max()) or 1.0
+    tol = step / 4000
+    while True:
+        prev_end = t.groupby("_key")["end_s"].cummax().groupby(t["_key"]).shift()
+        new_block = (t["_key"] != t["_key"].shift()) | (t["start_s"] - prev_end > tol)
+        blocks = new_block.cumsum()
+        if blocks.iloc[-1] <= max_bars or tol > step:
+            break
+        tol *= 2
+    g = t.groupby(blocks, sort=False)
+    merged = g.agg(
+        rank=("rank", "first"), stream=("stream", "first"), category=("category", "first"),
+        kind=("kind", "first"), name=("name", "first"), stage=("stage", "first"),
+        microbatch=("microbatch", "first"), start_s=("start_s", "min"), end_s=("end_s", "max"),
+        bytes=("bytes", "sum"), peer=("peer", "first"), resources=("resources", "first"),
+        _n=("name", "size"),
+    )
+    label = [
+        n if k == 1 else (f"{int(st)}{kd}{int(mb)}: {k} tasks" if not (pd.isna(st) or pd.isna(mb)) else f"{kd}: {k} tasks")
+        for n, k, st, kd, mb in zip(merged["name"], merged["_n"], merged["stage"], merged["kind"], merged["microbatch"])
+    ]
+    merged = merged.assign(name=label).drop(columns="_n")
+    return merged.sort_values(["start_s", "rank"], kind="stable").reset_index(drop=True), tol
+
+
 def timeline_figure(trace: pd.DataFrame, title: str = "", x_max_ms: float | None = None) -> go.Figure:
     """Gantt timeline: per rank a compute lane and one lane per communication stream.
 
@@ -143,6 +195,9 @@ def timeline_figure(trace: pd.DataFrame, title: str = "", x_max_ms: float | None
         bytes and peer; drag to zoom, double-click to reset.
     """
     fig = go.Figure()
+    trace, merged_s = coarsen_trace(trace)
+    if merged_s:
+        title += f" (coarsened: tasks of one action less than {merged_s * MS:.2f} ms apart are one bar)"
     lane = lanes(trace)
     ranks = sorted(int(r) for r in trace["rank"].unique())
     rows: list[str] = []

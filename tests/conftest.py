@@ -15,6 +15,28 @@ from simtrain.scenario import run_schedule
 from simtrain.schedules import Schedule, parse_action
 
 DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = sorted((ROOT / "dashboards").glob("*.yaml"))
+
+
+@pytest.fixture(scope="session")
+def rendered_scenarios(tmp_path_factory):
+    """Every scenario in dashboards/ rendered once per test session by ``simtrain compare --json``.
+
+    Returns ``{stem: (html_path, CliRunner result)}``; the dashboard and browser tests share it, so
+    the slow scenarios (DeepSeek-V3) are simulated once.
+    """
+    from typer.testing import CliRunner
+
+    from simtrain.cli import app
+
+    out = tmp_path_factory.mktemp("dashboards")
+    runner = CliRunner()
+    done = {}
+    for scenario in SCENARIOS:
+        html = out / f"{scenario.stem}.html"
+        done[scenario.stem] = (html, runner.invoke(app, ["compare", str(scenario), "--out", str(html), "--json"]))
+    return done
 
 
 def reference_records(schedule: str) -> list[dict]:

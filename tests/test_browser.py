@@ -21,8 +21,7 @@ from simtrain.models import load_model
 from simtrain.parallel import ParallelConfig
 from simtrain.scenario import load_scenario, run_schedule
 
-ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = sorted((ROOT / "dashboards").glob("*.yaml"))
+from conftest import ROOT, SCENARIOS  # noqa: E402
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
@@ -85,16 +84,10 @@ def open_dashboard(driver, path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dashboards")
-    runner = CliRunner()
-    paths = {}
-    for scenario in SCENARIOS:
-        html = out / f"{scenario.stem}.html"
-        res = runner.invoke(app, ["compare", str(scenario), "--out", str(html)])
+def rendered(rendered_scenarios):
+    for html, res in rendered_scenarios.values():
         assert res.exit_code == 0, res.output
-        paths[scenario.stem] = html
-    return paths
+    return {stem: html for stem, (html, _) in rendered_scenarios.items()}
 
 
 @pytest.mark.parametrize("name", [s.stem for s in SCENARIOS])

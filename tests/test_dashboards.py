@@ -15,8 +15,7 @@ from simtrain.errors import SimtrainError
 from simtrain.scenario import load_scenario
 from simtrain.sweep import parse_sweep, sweep_from_mapping
 
-ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = sorted((ROOT / "dashboards").glob("*.yaml"))
+from conftest import ROOT, SCENARIOS
 runner = CliRunner()
 
 
@@ -26,17 +25,15 @@ def invoke(*args: str):
 
 def test_the_reference_scenarios_are_there():
     names = {s.stem for s in SCENARIOS}
-    assert {"megatron-gpt3-175b", "zero-bubble", "llama3-405b", "gpipe-microbatches", "default"} <= names
-    assert (ROOT / "dashboards" / "pending" / "deepseek-v3.yaml").exists()  # too heavy to draw (see its header)
+    assert {"megatron-gpt3-175b", "zero-bubble", "llama3-405b", "gpipe-microbatches", "default", "deepseek-v3"} <= names
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[s.stem for s in SCENARIOS])
-def test_scenario_names_its_source_and_renders(path, tmp_path):
+def test_scenario_names_its_source_and_renders(path, rendered_scenarios):
     scenario = load_scenario(path)
     assert len(scenario.source) > 40 and re.search(r"arXiv:\d{4}\.\d{4,5}|(19|20)\d\d", scenario.source)  # a citation
     assert scenario.out and Path(scenario.out).name == f"{path.stem}.html"  # make dashboards writes NAME.html
-    out = tmp_path / f"{path.stem}.html"
-    res = invoke("compare", str(path), "--out", str(out), "--json")
+    out, res = rendered_scenarios[path.stem]
     assert res.exit_code == 0, res.output
     text = out.read_text()
     assert "simtrain-manifest" in text and "Plotly.newPlot" in text and scenario.title in text

@@ -128,3 +128,24 @@ def test_scenario_resolves_a_model_file_next_to_it(tmp_path):
     assert load_scenario(sc).model == str(tmp_path / "models" / "m.yaml")
     res = invoke("compare", str(sc), "--json")
     assert res.exit_code == 0, res.output
+
+
+def test_coarsen_trace_merges_an_actions_close_subtasks_only():
+    import pandas as pd
+
+    from simtrain.engine import TRACE_COLUMNS
+    from simtrain.viz import coarsen_trace
+
+    rows = []
+    for mb in range(2):  # two actions of 50 back-to-back sub-tasks each, 1 s apart
+        for i in range(50):
+            start = mb * 100.0 + i * 1.0
+            rows.append((0, "compute", "compute", "F", f"attn {mb}.{i}", 0, mb, start, start + 1.0, 0.0, None, ""))
+    rows.append((0, "compute", "compute", "F", "late", 0, 1, 400.0, 401.0, 0.0, None, ""))  # far gap: own bar
+    trace = pd.DataFrame(rows, columns=TRACE_COLUMNS)
+    same, tol = coarsen_trace(trace, max_bars=len(trace))
+    assert tol == 0 and len(same) == len(trace)
+    merged, tol = coarsen_trace(trace, max_bars=10)
+    assert 0 < tol < 100 and len(merged) == 3
+    assert merged[["start_s", "end_s"]].values.tolist() == [[0.0, 50.0], [100.0, 150.0], [400.0, 401.0]]
+    assert merged["name"].tolist() == ["0F0: 50 tasks", "0F1: 50 tasks", "late"]

@@ -1,4 +1,5 @@
-"""Command line: ``simtrain compare``, ``simtrain profiles``, ``simtrain models``.
+"""Command line: ``simtrain compare``, ``simtrain profiles``, ``simtrain models``, and the
+torch-based ``simtrain calibrate`` and ``simtrain validate`` (:mod:`simtrain.calibration.commands`).
 
 Every user error ends as one line ``error: ...`` on stderr and exit status 2, never a traceback
 (commands are wrapped by :func:`user_errors`; typer reports unknown flags and bad types with 2).
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from .calibration.commands import calibrate, validate
 from .errors import SimtrainError
 from .hardware import GB, GiB, TFLOPS, available_profiles, load_profile
 from .models import available_models, load_model
@@ -106,9 +108,9 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="print the result rows as JSON instead of a table")] = False,
 ) -> None:
     """Simulate one training step for each schedule and compare them (table + HTML dashboard)."""
-    flags_only = scenario is None and (model is not None or hardware is not None)
+    flags_only = scenario is None and model is not None  # --hardware alone: default scenario on it
     if flags_only:
-        if model is None or hardware is None:
+        if hardware is None:
             raise SimtrainError("give both --model and --hardware (or a scenario file)")
         base = Scenario(model=model, hardware=hardware, schedules=["gpipe", "1f1b"])
         source = "command line"
@@ -206,6 +208,11 @@ def models() -> None:
             str(m.seq_len), f"{m.total_params() / 1e9:.2f}B", f"{m.active_params() / 1e9:.2f}B", published,
         )
     out.print(table)
+
+
+# torch-based commands (the optional `calibrate` extra; torch is imported only when they run)
+app.command()(user_errors(calibrate))
+app.command()(user_errors(validate))
 
 
 def main() -> None:

@@ -155,6 +155,8 @@ class _LayerShape:
     score_bytes: float  # attention-score bytes per token (dropped by selective recomputation)
     w_bytes: float  # bytes per token that W needs after I
     input_bytes: float  # layer input bytes per token (what full recomputation stores)
+    ew_forward_bytes: float  # bytes per token elementwise kernels read + write in F
+    ew_backward_bytes: float  # ... and in I (W runs GEMMs only)
 
 
 def _linear_layers(model: ModelSpec, layer: int) -> list[tuple[int, int, float]]:
@@ -228,6 +230,12 @@ def _layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int)
     ffn += mask * h
     # What W needs after I: every linear layer's input and the gradient of its output.
     w_bytes = sum((k + n) * mult for k, n, mult in gemms) * elem
+    # Memory-bound kernels (each reads its inputs and writes its output once): two norms
+    # (F: x -> y; backward: x, dy -> dx), two residual adds (F: 2 reads, 1 write; backward: the
+    # two gradient branches summed) and the FFN activation (GeLU F: 1 + 1, backward: 2 + 1;
+    # SwiGLU F: 2 + 1, backward: 3 + 2) over every token's expert widths.
+    width = _ffn_width(model, layer)
+    act_f, act_b = (3 * width, 5 * width) if model.activation == "swiglu" else (2 * width, 3 * width)
     return _LayerShape(
         gemm_flops=gemm_flops / tp,
         attn_flops=attn_flops / tp,
@@ -235,7 +243,39 @@ def _layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int)
         score_bytes=scores / tp,
         w_bytes=w_bytes / tp,
         input_bytes=h * elem / tp,
+        ew_forward_bytes=(4 * h + 6 * h + act_f) * elem / tp,
+        ew_backward_bytes=(6 * h + 6 * h + act_b) * elem / tp,
     )
+
+
+def _ffn_width(model: ModelSpec, layer: int) -> float:
+    """FFN intermediate elements one token passes through in ``layer`` (all its experts)."""
+    if model.is_moe_layer(layer):
+        moe = model.moe
+        return moe.expert_ffn_hidden_size * (moe.top_k + moe.num_shared_experts)
+    return model.ffn_hidden_size
+
+
+def _gemm_seconds(
+    gemms: list[tuple[int, int, float]], rows: float, tp: int, h: int, hardware: HardwareProfile, dtype: str
+) -> tuple[float, float, float]:
+    """Seconds of F, I and W of ``gemms`` (fan_in, fan_out, multiplicity) over ``rows`` tokens.
+
+    Each linear layer ``Y = X Wᵀ`` of ``m`` tokens costs ``2·m·fan_in·fan_out`` FLOPs in each of
+    F, I (``dX = dY W``) and W (``dW = dYᵀ X``), each at the profile's rate for that pass and shape
+    (:meth:`HardwareProfile.linear_flops_per_s`). With tensor parallelism a layer whose fan-in is
+    the hidden size is column-parallel (fan_out / tp), the others row-parallel (fan_in / tp)
+    (Megatron-LM, Shoeybi et al. 2019 §3).
+    """
+    f = i = w = 0.0
+    for k, n, mult in gemms:
+        m = rows * mult
+        k_, n_ = (k, n / tp) if k == h else (k / tp, n)
+        flops = 2 * m * k_ * n_
+        f += flops / hardware.linear_flops_per_s(m, k_, n_, "F", dtype)
+        i += flops / hardware.linear_flops_per_s(m, k_, n_, "I", dtype)
+        w += flops / hardware.linear_flops_per_s(m, k_, n_, "W", dtype)
+    return f, i, w
 
 
 def split_layers(num_layers: int, num_chunks: int) -> list[int]:
@@ -297,7 +337,11 @@ def stage_costs(
     b = parallel.microbatch_size
     tokens = b * s
     elem = parallel.dtype_bytes
-    rate = hardware.achieved_flops(parallel.dtype)
+    dtype = parallel.dtype
+    hardware.achieved_flops(dtype)  # an unknown dtype is an error even with calibrated tables
+    ew_rate = hardware.elementwise_bytes_per_s  # None: memory-bound kernels are not modelled
+    attn_f_rate = hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=False)
+    attn_b_rate = hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=True)
     topo = Topology(hardware, parallel)
     route = topo.tp_route()
     hidden_bytes = tokens * model.hidden_size * elem  # one full s*b*h tensor
@@ -316,20 +360,26 @@ def stage_costs(
         first += n
         has_emb, has_head = c == 0, c == num_chunks - 1
         gemm = attn = act = w = 0.0
-        recompute_flops = 0.0
+        f_s = i_s = w_s = recompute_s = 0.0
         params = 0.0
         for layer in layers:
             ls = _layer_shape(model, layer, s, tp, elem)
             gemm += ls.gemm_flops * tokens
             attn += ls.attn_flops * tokens
+            gf, gi, gw = _gemm_seconds(_linear_layers(model, layer), tokens, tp, model.hidden_size, hardware, dtype)
+            attn_f = ls.attn_flops * tokens / attn_f_rate
+            ew_f = ls.ew_forward_bytes * tokens / ew_rate if ew_rate else 0.0
+            f_s += gf + attn_f + ew_f
+            i_s += gi + 2 * ls.attn_flops * tokens / attn_b_rate + (ls.ew_backward_bytes * tokens / ew_rate if ew_rate else 0.0)
+            w_s += gw
             stored = ls.act_bytes + (ls.score_bytes if parallel.recompute == "none" else 0.0)
             if parallel.recompute == "full":
                 act += ls.input_bytes * tokens
-                recompute_flops += (ls.gemm_flops + ls.attn_flops) * tokens
+                recompute_s += gf + attn_f + ew_f
             else:
                 act += stored * tokens
                 if parallel.recompute == "selective":
-                    recompute_flops += ls.attn_flops * tokens
+                    recompute_s += attn_f
             w += ls.w_bytes * tokens
             params += model.layer_params(layer) / tp
         if not parallel.sequence_parallel and tp > 1:
@@ -342,6 +392,11 @@ def stage_costs(
             if model.tied_embeddings and num_chunks > 1:
                 params += v * h / tp  # the last stage keeps its own copy of the tied matrix
             gemm += 2 * h * v / tp * tokens
+            gf, gi, gw = _gemm_seconds([(h, v, 1.0)], tokens, tp, h, hardware, dtype)
+            # final norm (F 2h, backward 3h) and the fp32 softmax cross-entropy (F 2v, backward 3v)
+            ew_f = tokens * (2 * h * elem + 2 * 4 * v) / tp / ew_rate if ew_rate else 0.0
+            ew_b = tokens * (3 * h * elem + 3 * 4 * v) / tp / ew_rate if ew_rate else 0.0
+            f_s, i_s, w_s = f_s + gf + ew_f, i_s + gi + ew_b, w_s + gw
             # norm and head input, fp32 logits for the loss (Korthikanti et al. 2022 §4.3)
             act += tokens * (2 * h * elem / tp + 4 * v / tp)
             w += tokens * (h + v / tp) * elem
@@ -355,9 +410,9 @@ def stage_costs(
                 layers=layers,
                 has_embedding=has_emb,
                 has_head=has_head,
-                forward_s=f_flops / rate,
-                backward_input_s=(i_flops + recompute_flops) / rate,
-                backward_weight_s=w_flops / rate,
+                forward_s=f_s,
+                backward_input_s=i_s + recompute_s,
+                backward_weight_s=w_s,
                 tp_forward_s=tp_f,
                 tp_backward_s=tp_f * (2 if parallel.recompute == "full" else 1),
                 forward_flops=f_flops,

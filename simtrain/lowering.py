@@ -18,6 +18,11 @@ Communication follows from data dependencies, so every schedule gets it without 
 
 Memory: each rank starts with the static bytes of the chunks it holds; F allocates its chunk's
 activation when it starts; B frees it when it ends; I frees all but what W needs; W frees the rest.
+
+Runtime: every compute action (each part of an overlapped pair) also costs the profile's
+per-action framework overhead (``action_overhead_s``, 0 unless calibrated), and when a node runs
+more ranks than it has processors, their compute tasks share one processor pool
+(:meth:`simtrain.network.Topology.processor_pools`).
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
         rank_params.append(sum(costs.chunks[c].params for c in held))
     graph.static_memory_bytes = [p * costs.static_bytes_per_param for p in rank_params]
 
+    pool_of, graph.pools = topology.processor_pools(schedule.num_ranks)
+    overhead = topology.hardware.action_overhead_s
     dp = parallel.dp if comm else 1
     grad_buckets = _weight_grad_finishers(schedule) if dp > 1 else {}
     first: dict[Action, Task] = {}  # first task of each action (deps attach here)
@@ -62,7 +69,7 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
         for act in order:
             for a in act.parts:
                 c = chunk[a.stage]
-                duration = {
+                duration = overhead + {
                     "F": c.forward_s, "B": c.backward_s, "I": c.backward_input_s, "W": c.backward_weight_s,
                 }[a.kind]
                 mem_start = [(rank, c.activation_bytes)] if a.kind == "F" else []
@@ -79,7 +86,7 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
                         duration_s=duration / pieces, deps=[prev.tid] if prev else [],
                         stream="compute", stage=a.stage, microbatch=a.microbatch,
                         mem_start=mem_start if i == 0 else [],
-                        mem_end=mem_end if i == pieces - 1 else [],
+                        mem_end=mem_end if i == pieces - 1 else [], pool=pool_of.get(rank),
                     )
                     if i == 0:
                         first[a] = task
@@ -102,7 +109,7 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
                 last[a] = prev
 
     _add_pipeline_dependencies(schedule, graph, first, last, chunk, topology, comm)
-    _add_optimizer(schedule, graph, costs, topology, rank_params, dp_tasks, dp)
+    _add_optimizer(schedule, graph, costs, topology, rank_params, dp_tasks, dp, pool_of)
     return graph
 
 
@@ -152,7 +159,7 @@ def _add_pipeline_dependencies(schedule, graph, first, last, chunk, topology, co
             first[a].deps.append(last[Action(a.stage, "I", a.microbatch)].tid)
 
 
-def _add_optimizer(schedule, graph, costs, topology, rank_params, dp_tasks, dp) -> None:
+def _add_optimizer(schedule, graph, costs, topology, rank_params, dp_tasks, dp, pool_of) -> None:
     """Optimizer step per rank after its gradient reductions; ZeRO-1 parameter all-gather."""
     parallel = topology.parallel
     for rank in range(schedule.num_ranks):
@@ -164,7 +171,7 @@ def _add_optimizer(schedule, graph, costs, topology, rank_params, dp_tasks, dp) 
         deps += [t.tid for t in dp_tasks[rank]]
         opt = graph.add(
             name="optimizer step", rank=rank, category="compute", kind="OPT", stream="compute",
-            duration_s=duration, deps=deps,
+            duration_s=duration, deps=deps, pool=pool_of.get(rank),
         )
         if parallel.zero_stage >= 1 and dp > 1:
             route = topology.dp_route(rank)

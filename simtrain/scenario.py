@@ -7,6 +7,7 @@ override them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +108,7 @@ def run_schedule(
     parallel: ParallelConfig,
     op_times: tuple[float, float, float] | None = None,
     comm: bool = True,
+    runtime: Callable[[StageCosts], StageCosts] | None = None,
 ) -> ScheduleRun:
     """Simulate one training step of ``schedule``.
 
@@ -115,6 +117,8 @@ def run_schedule(
         model, hardware, parallel: what runs where.
         op_times: fixed (F, I, W) seconds per action, replacing the cost model's durations.
         comm: False makes communication free.
+        runtime: adjusts the costs to a particular runtime before lowering (e.g. how torch
+            splits a backward, :func:`simtrain.calibration.validate.torch_runtime_costs`).
 
     Returns:
         The :class:`ScheduleRun`.
@@ -133,6 +137,8 @@ def run_schedule(
     costs = stage_costs(model, parallel, hardware, schedule.num_chunks)
     if op_times is not None:
         costs = costs.with_op_times(*op_times)
+    if runtime is not None:
+        costs = runtime(costs)
     check_static_memory(costs, schedule, hardware, f"{model.name} on {hardware.name} with {schedule.name}")
     topology = Topology(hardware, parallel)
     graph = lower(schedule, costs, topology, comm=comm)

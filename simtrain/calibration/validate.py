@@ -1,0 +1,526 @@
+"""Validate simtrain against real pipeline-parallel training with ``torch.distributed.pipelining``.
+
+A small GPT-style transformer (:class:`ValidationModel`, described to simtrain as a
+:class:`~simtrain.models.ModelSpec` so the cost model predicts exactly it) is cut into pipeline
+stages with :func:`simtrain.costs.split_layers` and trained for a few steps with each of torch's
+schedules (:data:`TORCH_SCHEDULES`). Per schedule the ranks measure:
+
+* **step time**: from a barrier until the slowest rank has finished ``schedule.step()``, the
+  optimizer step and ``zero_grad`` (median over steps after warm-up);
+* **activation peak** per rank: on CPU, the bytes of distinct tensor storages autograd holds for
+  the backward, counted by saved-tensor hooks (parameters excluded) during one extra step; on
+  GPU, ``torch.cuda.max_memory_allocated`` minus what was allocated before the step;
+* **torch's own action order**: ``pipeline_order`` of multi-stage schedules (with their
+  overlapped F&B actions), or, for single-stage ones, the order the stages actually ran
+  (recorded by wrapping the stage's forward/backward calls); both are checked against the
+  recorded execution.
+
+The parent process then imports each order into simtrain's IR, simulates it with the profile and
+compares (:func:`compare`). The costs get two adjustments that describe torch's runtime rather
+than the schedule (:func:`torch_runtime_costs`): the first stage's I is empty and its W runs the
+whole backward, and an I keeps the autograd graph (every stored activation but the loss's) until
+its W.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ..costs import StageCosts, split_layers
+from ..errors import SimtrainError
+from ..hardware import HardwareProfile
+from ..models import ModelSpec
+from ..parallel import ParallelConfig
+from ..schedules.ir import Schedule, parse_action
+from .launch import Progress, RankContext
+
+TORCH_SCHEDULES: dict[str, tuple[str, int]] = {
+    "gpipe": ("ScheduleGPipe", 1),
+    "1f1b": ("Schedule1F1B", 1),
+    "interleaved1f1b": ("ScheduleInterleaved1F1B", 2),
+    "loopedbfs": ("ScheduleLoopedBFS", 2),
+    "interleavedzerobubble": ("ScheduleInterleavedZeroBubble", 2),
+    "zbvzerobubble": ("ScheduleZBVZeroBubble", 2),
+    "dualpipev": ("ScheduleDualPipeV", 2),
+}
+"""Schedule name (torch's class name without ``Schedule``, lower case) -> (class, stages per rank)."""
+
+V_SHAPED = ("zbvzerobubble", "dualpipev")
+
+
+@dataclass(frozen=True)
+class ValidationModel:
+    """The transformer trained by ``simtrain validate`` (pre-norm GPT block, GeLU MLP, no biases).
+
+    Attributes:
+        layers, hidden, heads, ffn, vocab, seq_len: its shape.
+        microbatch_size: sequences per microbatch (b).
+        microbatches: microbatches per step (m).
+    """
+
+    layers: int = 8
+    hidden: int = 256
+    heads: int = 4
+    ffn: int = 1024
+    vocab: int = 2048
+    seq_len: int = 128
+    microbatch_size: int = 2
+    microbatches: int = 4
+
+    def spec(self) -> ModelSpec:
+        """The same model as a simtrain :class:`ModelSpec`."""
+        return ModelSpec(
+            name=f"validation transformer ({self.layers} x h{self.hidden})",
+            description="the model simtrain validate trains with torch",
+            source="simtrain.calibration.validate.ValidationModel",
+            num_layers=self.layers, hidden_size=self.hidden, ffn_hidden_size=self.ffn, num_heads=self.heads,
+            vocab_size=self.vocab, seq_len=self.seq_len, activation="gelu", norm="layernorm", bias=False,
+        )
+
+    def parallel(self, world: int, stages_per_rank: int) -> ParallelConfig:
+        """The simtrain parallel configuration of a run on ``world`` ranks (fp32, no recomputation
+        of anything but attention scores, which torch's fused attention never stores)."""
+        return ParallelConfig(
+            pp=world, vp=stages_per_rank, microbatches=self.microbatches, microbatch_size=self.microbatch_size,
+            seq_len=self.seq_len, dtype="fp32", recompute="selective", sequence_parallel=False,
+        )
+
+
+def default_model(world: int, device: str, quick: bool) -> ValidationModel:
+    """The validation model for ``world`` ranks: 4 layers per rank, 2 microbatches per rank."""
+    base = ValidationModel(layers=4 * world, microbatches=2 * world)
+    if device == "cuda":
+        base = replace(base, hidden=2048, heads=16, ffn=8192, vocab=32000, seq_len=2048, microbatch_size=1)
+    return base
+
+
+# ----------------------------------------------------------------------------- torch model
+def _build_stage_module(torch, cfg: ValidationModel, stage: int, num_stages: int, device, dtype):
+    """The ``nn.Module`` of one pipeline stage (its layers, plus embedding / head)."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    a, h = cfg.heads, cfg.hidden
+    d = h // a
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(h), nn.LayerNorm(h)
+            self.qkv = nn.Linear(h, 3 * h, bias=False)
+            self.proj = nn.Linear(h, h, bias=False)
+            self.fc1 = nn.Linear(h, cfg.ffn, bias=False)
+            self.fc2 = nn.Linear(cfg.ffn, h, bias=False)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, a, d).permute(2, 0, 3, 1, 4)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(o.transpose(1, 2).reshape(b, s, h))
+            return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+    class Stage(nn.Module):
+        def __init__(self, n_layers: int, first: bool, last: bool):
+            super().__init__()
+            self.embed = nn.Embedding(cfg.vocab, h) if first else None
+            self.blocks = nn.ModuleList(Block() for _ in range(n_layers))
+            self.norm = nn.LayerNorm(h) if last else None
+            self.head = nn.Linear(h, cfg.vocab, bias=False) if last else None
+
+        def forward(self, x):
+            if self.embed is not None:
+                x = self.embed(x)
+            for block in self.blocks:
+                x = block(x)
+            if self.head is not None:
+                x = self.head(self.norm(x))
+            return x
+
+    counts = split_layers(cfg.layers, num_stages)
+    torch.manual_seed(1234 + stage)
+    return Stage(counts[stage], stage == 0, stage == num_stages - 1).to(device=device, dtype=dtype)
+
+
+def stage_placement(name: str, world: int) -> list[int]:
+    """``stage_to_rank`` torch uses: linear, looped (``s % world``) or V-shaped."""
+    per_rank = TORCH_SCHEDULES[name][1]
+    n = world * per_rank
+    if per_rank == 1:
+        return list(range(n))
+    if name in V_SHAPED:
+        return [s if s < world else n - 1 - s for s in range(n)]
+    return [s % world for s in range(n)]
+
+
+class SavedTensorMeter:
+    """Peak bytes of distinct storages autograd saves for the backward (saved-tensor hooks).
+
+    Parameters (and views of them) are not counted. A storage counts from the first time a
+    saved tensor refers to it until the last such reference is released by autograd.
+    """
+
+    def __init__(self, parameters):
+        self.skip = {p.untyped_storage().data_ptr() for p in parameters}
+        self.live: dict[int, list[int]] = {}
+        self.current = 0
+        self.peak = 0
+
+    def pack(self, tensor):
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key in self.skip or storage.nbytes() == 0:
+            return tensor
+        entry = self.live.get(key)
+        if entry is None:
+            self.live[key] = [1, storage.nbytes()]
+            self.current += storage.nbytes()
+            self.peak = max(self.peak, self.current)
+        else:
+            entry[0] += 1
+        return _Held(tensor, key, self)
+
+    @staticmethod
+    def unpack(held):
+        return held.tensor if isinstance(held, _Held) else held
+
+    def release(self, key: int) -> None:
+        entry = self.live[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.current -= entry[1]
+            del self.live[key]
+
+
+class _Held:
+    """A saved tensor whose release (when autograd drops it) the meter is told about."""
+
+    __slots__ = ("tensor", "key", "meter")
+
+    def __init__(self, tensor, key, meter):
+        self.tensor, self.key, self.meter = tensor, key, meter
+
+    def __del__(self):
+        self.meter.release(self.key)
+
+
+def probe_cases(torch, cfg: ValidationModel, device, dtype):
+    """The speed probe: one transformer layer's kernels at the model's shapes.
+
+    Its linear-layer GEMMs (F, I, W), attention forward and backward and elementwise kernels,
+    built by the calibration's own case builders, so the profile predicts the probe's time
+    (:func:`probe_seconds`). Returns ``(keys, callables)`` grouped as ``linear``, ``attention``,
+    ``elementwise``.
+    """
+    from .microbench import attention_cases, elementwise_cases, linear_cases
+
+    tokens = cfg.microbatch_size * cfg.seq_len
+    lin = linear_cases(torch, device, dtype, [cfg.hidden], [tokens], [])
+    att = attention_cases(torch, device, dtype, [(cfg.seq_len, cfg.hidden // cfg.heads, cfg.heads)], tokens)
+    ew = elementwise_cases(torch, device, dtype, [cfg.hidden], [tokens])
+    keys = dict(linear=lin[0], attention=att[0], elementwise=ew[0])
+    return keys, lin[1] + att[1] + ew[1]
+
+
+def probe_seconds(keys: dict, hardware: HardwareProfile, dtype: str = "fp32") -> float:
+    """Seconds the profile predicts for the probe of :func:`probe_cases`."""
+    total = 0.0
+    for t, k, n, kind in keys["linear"]:
+        total += 2 * t * k * n / hardware.linear_flops_per_s(t, k, n, kind, dtype)
+    for s, d, a, b, kind in keys["attention"]:
+        flops = 4 * b * a * s * s * d
+        if kind == "B":
+            total += 2 * flops / hardware.attention_flops_per_s(s, d, dtype, backward=True)
+        else:
+            total += flops / hardware.attention_flops_per_s(s, d, dtype, backward=False)
+    if hardware.elementwise_bytes_per_s:
+        total += sum(nbytes for *_, nbytes in keys["elementwise"]) / hardware.elementwise_bytes_per_s
+    return total
+
+
+def at_speed(hardware: HardwareProfile, factor: float) -> HardwareProfile:
+    """``hardware`` with every compute time (kernels, memory, per-action overhead) x ``factor``.
+
+    Links are unchanged. ``factor`` > 1 means the machine currently runs slower than when it was
+    calibrated.
+    """
+    return replace(
+        hardware,
+        peak_flops={k: v / factor for k, v in hardware.peak_flops.items()},
+        linear_rates={k: tuple((*r[:3], r[3] / factor) for r in v) for k, v in hardware.linear_rates.items()},
+        attention_rates={
+            k: tuple((*r[:2], r[2] / factor, r[3] / factor) for r in v) for k, v in hardware.attention_rates.items()
+        },
+        elementwise_bytes_per_s=(hardware.elementwise_bytes_per_s / factor
+                                 if hardware.elementwise_bytes_per_s else None),
+        hbm_bandwidth_bytes_per_s=hardware.hbm_bandwidth_bytes_per_s / factor,
+        action_overhead_s=hardware.action_overhead_s * factor,
+    )
+
+
+class _Recorder:
+    """Wraps a stage's forward/backward calls to record the actions it runs, with timestamps."""
+
+    def __init__(self):
+        self.events: list[tuple[str, float, float]] = []
+
+    def wrap(self, stage) -> None:
+        def wrapped(method, kind_of: Callable[..., str]):
+            def call(chunk, *args, **kwargs):
+                t0 = time.perf_counter()
+                out = method(chunk, *args, **kwargs)
+                self.events.append((f"{stage.stage_index}{kind_of(kwargs)}{chunk}", t0, time.perf_counter()))
+                return out
+            return call
+
+        stage.forward_one_chunk = wrapped(stage.forward_one_chunk, lambda kw: "F")
+        stage.backward_one_chunk = wrapped(
+            stage.backward_one_chunk, lambda kw: "B" if kw.get("full_backward", True) else "I")
+        stage.backward_weight_one_chunk = wrapped(stage.backward_weight_one_chunk, lambda kw: "W")
+
+
+def _schedule_orders(sched, name: str, world: int, recorded: list[list[str]]) -> list[list[str]]:
+    """torch's per-rank compute orders as action text (``pipeline_order`` or the recorded runs)."""
+    per_rank = TORCH_SCHEDULES[name][1]
+    if per_rank == 1:
+        return recorded  # Schedule1F1B.pipeline_order is wrong for ranks > 0 in torch 2.13
+    orders = []
+    for rank in range(world):
+        orders.append([str(a) for a in sched.pipeline_order[rank] if a is not None and a.is_compute_op])
+    return orders
+
+
+def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
+    """The ``validate`` job on one rank: every requested schedule, measured; rank 0 returns all.
+
+    Args:
+        spec: ``device``, ``schedules`` (names), ``model`` (:class:`ValidationModel` fields),
+            ``steps``, ``warmup``.
+
+    Returns:
+        ``{"schedules": {name: {...}}}`` with step times, per-rank activation peaks, torch's
+        orders, placement, and per-action measured durations.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.autograd.graph import saved_tensors_hooks
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    from .microbench import Timer, timed_step
+
+    cfg = ValidationModel(**spec["model"])
+    dev, dtype = ctx.device, torch.float32
+    steps, warmup = spec["steps"], spec["warmup"]
+    b, m = cfg.microbatch_size, cfg.microbatches
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab, (b * m, cfg.seq_len), generator=g).to(dev)
+    target = torch.randint(0, cfg.vocab, (b * m, cfg.seq_len), generator=g).to(dev)
+
+    def loss_fn(logits, tgt):
+        return F.cross_entropy(logits.flatten(0, 1), tgt.flatten())
+
+    probe_keys, probe_fns = probe_cases(torch, cfg, dev, dtype)
+    timer = Timer(torch, dev)
+
+    def probe() -> float:
+        ctx.barrier()
+        return sum(timer.once(fn) for fn in probe_fns)
+
+    for fn in probe_fns:  # warm-up
+        fn()
+    out: dict = {}
+    names = spec["schedules"]
+    for i, name in enumerate(names):
+        progress(f"{name}|{i}|{len(names)}")
+        cls_name, per_rank = TORCH_SCHEDULES[name]
+        placement = stage_placement(name, ctx.world)
+        n_stages = len(placement)
+        mine = [s for s in range(n_stages) if placement[s] == ctx.rank]
+        modules = [_build_stage_module(torch, cfg, s, n_stages, dev, dtype) for s in mine]
+        stages = [PipelineStage(mod, s, n_stages, dev) for mod, s in zip(modules, mine)]
+        recorder = _Recorder()
+        for st in stages:
+            recorder.wrap(st)
+        cls = getattr(torch_schedules, cls_name)
+        sched = cls(stages[0] if per_rank == 1 else stages, m, loss_fn=loss_fn)
+        params = [p for mod in modules for p in mod.parameters()]
+        opt = torch.optim.Adam(params, lr=1e-4)
+        has_first, has_last = 0 in mine, n_stages - 1 in mine
+
+        def train_step():
+            args = (tokens,) if has_first else ()
+            kwargs = dict(target=target) if has_last else {}
+            sched.step(*args, **kwargs)
+            opt.step()
+            opt.zero_grad(set_to_none=dev.type != "cuda")
+
+        times, probes = [], []
+        for step in range(warmup + steps):
+            probes.append(probe())
+            recorder.events.clear()
+            times.append(timed_step(ctx, train_step))
+        executed = [e[0] for e in recorder.events]
+        durations: dict[str, list[float]] = {}
+        for text, t0, t1 in recorder.events:
+            act = parse_action(text)
+            durations.setdefault(f"{act.stage}{act.kind}", []).append(t1 - t0)
+
+        ctx.barrier()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            train_step()
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated(dev) - before
+        else:
+            meter = SavedTensorMeter(params)
+            with saved_tensors_hooks(meter.pack, meter.unpack):
+                train_step()
+            peak = meter.peak
+        ctx.barrier()
+
+        gathered: list = [None] * ctx.world
+        dist.all_gather_object(gathered, dict(executed=executed, peak=peak, probes=probes[warmup:],
+                                              durations={k: statistics.median(v) for k, v in durations.items()}))
+        recorded = [r["executed"] for r in gathered]
+        orders = _schedule_orders(sched, name, ctx.world, recorded)
+        out[name] = dict(
+            step_times_s=times[warmup:], warmup_times_s=times[:warmup],
+            activation_peak_bytes=[r["peak"] for r in gathered],
+            orders=orders, recorded=recorded, stage_to_rank=placement,
+            action_s={k: v for r in gathered for k, v in r["durations"].items()},
+            probe_s=[statistics.median(step) for step in zip(*(r["probes"] for r in gathered))],
+        )
+        del sched, stages, modules, opt
+    progress(f"done|{len(names)}|{len(names)}")
+    return dict(schedules=out, world=ctx.world, model=spec["model"],
+                probe_keys={k: [list(x) for x in v] for k, v in probe_keys.items()})
+
+
+# ----------------------------------------------------------------------------- prediction
+def import_schedule(name: str, measured: dict, microbatches: int) -> Schedule:
+    """torch's per-rank orders of one run, as a validated simtrain :class:`Schedule`.
+
+    Raises:
+        SimtrainError: the imported order differs from what the ranks actually ran.
+    """
+    orders = tuple(tuple(parse_action(t) for t in rank) for rank in measured["orders"])
+    for rank, (order, ran) in enumerate(zip(orders, measured["recorded"])):
+        flat = [str(p) for a in order for p in a.parts]
+        if flat != ran:
+            raise SimtrainError(
+                f"validate {name}: torch's schedule for rank {rank} lists {flat[:6]}..., "
+                f"but the rank ran {ran[:6]}..."
+            )
+    schedule = Schedule(f"torch:{name}", microbatches, tuple(measured["stage_to_rank"]), orders)
+    schedule.validate()
+    return schedule
+
+
+def torch_runtime_costs(costs: StageCosts, vocab: int) -> StageCosts:
+    """Adjust per-chunk costs to how ``torch.distributed.pipelining`` runs a split backward.
+
+    * Chunk 0 (the first stage): its I computes nothing (its input needs no gradient) and its W
+      runs the whole backward (torch 2.13 ``PipelineStage.backward_weight_one_chunk``), and I
+      frees nothing.
+    * Other chunks: I (``stage_backward_input``) keeps the autograd graph for W, so every stored
+      activation but the loss's softmax (above the last linear layer, freed with the stage
+      output) stays until W.
+
+    Args:
+        costs: the cost model's per-chunk costs (fp32 loss, tp = 1).
+        vocab: vocabulary size (the loss's fp32 softmax holds ``tokens x vocab x 4`` bytes).
+
+    Full backwards (B) are unaffected.
+    """
+    chunks = []
+    for c in costs.chunks:
+        if c.chunk == 0:
+            c = replace(c, backward_input_s=0.0, backward_weight_s=c.backward_s, weight_grad_bytes=c.activation_bytes)
+        else:
+            loss_bytes = costs.tokens_per_microbatch * 4 * vocab if c.has_head else 0.0
+            c = replace(c, weight_grad_bytes=c.activation_bytes - loss_bytes)
+        chunks.append(c)
+    return replace(costs, chunks=tuple(chunks))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the validation table (seconds, bytes, signed fractions)."""
+
+    schedule: str
+    speed_factor: float
+    measured_step_s: float
+    predicted_step_s: float
+    step_error: float
+    measured_activation_bytes: float
+    predicted_activation_bytes: float
+    memory_error: float
+
+
+def predict(name: str, measured: dict, cfg: ValidationModel, hardware: HardwareProfile, world: int):
+    """Simulate torch's order of ``name`` with ``hardware``; returns the :class:`ScheduleRun`."""
+    from ..scenario import run_schedule
+
+    schedule = import_schedule(name, measured, cfg.microbatches)
+    parallel = cfg.parallel(world, TORCH_SCHEDULES[name][1])
+    return run_schedule(schedule, cfg.spec(), hardware, parallel,
+                        runtime=lambda costs: torch_runtime_costs(costs, cfg.vocab))
+
+
+def compare(result: dict, hardware: HardwareProfile, correct_speed: bool = True) -> list[Row]:
+    """Rows of measured against predicted step time and activation peak (max over ranks).
+
+    Args:
+        result: rank 0's result of the ``validate`` job.
+        hardware: the profile.
+        correct_speed: predict at the machine speed the probes measured during each schedule's
+            steps (``speed_factor`` = median probe time / the profile's probe time); otherwise at
+            the profile's speed (factor 1).
+    """
+    cfg = ValidationModel(**result["model"])
+    keys = {k: [tuple(x) for x in v] for k, v in result["probe_keys"].items()}
+    expected_probe = probe_seconds(keys, hardware)
+    rows = []
+    for name, measured in result["schedules"].items():
+        factor = statistics.median(measured["probe_s"]) / expected_probe if correct_speed else 1.0
+        run = predict(name, measured, cfg, at_speed(hardware, factor), result["world"])
+        mem = run.result.memory
+        static = mem[mem["time_s"] == 0].groupby("rank")["bytes"].first()
+        predicted_act = float((mem.groupby("rank")["bytes"].max() - static).max())
+        measured_step = statistics.median(measured["step_times_s"])
+        measured_act = float(max(measured["activation_peak_bytes"]))
+        predicted_step = run.report.step_time_s
+        rows.append(Row(
+            schedule=name, speed_factor=factor, measured_step_s=measured_step, predicted_step_s=predicted_step,
+            step_error=predicted_step / measured_step - 1,
+            measured_activation_bytes=measured_act, predicted_activation_bytes=predicted_act,
+            memory_error=predicted_act / measured_act - 1 if measured_act > 0 else 0.0,
+        ))
+    return rows
+
+
+def parse_schedules(text: str | None) -> list[str]:
+    """``--schedules`` (comma-separated, case-insensitive, optional ``Schedule`` prefix) -> names.
+
+    Raises:
+        SimtrainError: an unknown name, or none at all.
+    """
+    if text is None:
+        return list(TORCH_SCHEDULES)
+    names = []
+    for raw in text.split(","):
+        key = raw.strip().lower().removeprefix("schedule").replace("-", "").replace("_", "")
+        if not key:
+            continue
+        if key not in TORCH_SCHEDULES:
+            raise SimtrainError(f"--schedules: unknown torch schedule '{raw.strip()}'; choose from {list(TORCH_SCHEDULES)}")
+        names.append(key)
+    if not names:
+        raise SimtrainError("--schedules: give at least one schedule name")
+    return names

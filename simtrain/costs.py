@@ -8,7 +8,12 @@ Pipeline Parallelism", Table 1): each linear layer of fan-in K and fan-out N cos
 per token in the forward pass (F), the same again for the input gradient (I) and again for the
 weight gradient (W). Attention scores (``Q·Kᵀ`` and ``softmax·V``) cost ``2·s·d`` FLOPs per token
 each in F, twice that in I, and nothing in W (so for GPT: F = sbh(24h+4s), I = sbh(24h+8s),
-W = sbh·24h, the Zero Bubble paper's Table 1). Durations divide by the profile's achieved FLOP/s.
+W = sbh·24h, the Zero Bubble paper's Table 1). Durations divide each GEMM's FLOPs by the profile's
+achieved FLOP/s for that linear layer's pass and shape, and attention's by the attention rate
+(peak x efficiency unless calibrated). Calibrated profiles add memory-bound kernels (norms,
+activation function, residual adds, the loss softmax, gradient accumulation over microbatches:
+bytes moved / the measured bandwidth of their class) and scale every F by the measured ratio of
+a whole layer's time to the sum of its kernels (``layer_slowdown``; I and W likewise with B's).
 
 Activation memory (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models", §4): the tensors each layer stores for its backward, counted element by
@@ -155,8 +160,8 @@ class _LayerShape:
     score_bytes: float  # attention-score bytes per token (dropped by selective recomputation)
     w_bytes: float  # bytes per token that W needs after I
     input_bytes: float  # layer input bytes per token (what full recomputation stores)
-    ew_forward_bytes: float  # bytes per token elementwise kernels read + write in F
-    ew_backward_bytes: float  # ... and in I (W runs GEMMs only)
+    ew_forward: dict[str, float]  # bytes per token memory-bound kernels move in F, per class
+    ew_backward: dict[str, float]  # ... and in I (W runs GEMMs only)
 
 
 def _linear_layers(model: ModelSpec, layer: int) -> list[tuple[int, int, float]]:
@@ -230,10 +235,10 @@ def _layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int)
     ffn += mask * h
     # What W needs after I: every linear layer's input and the gradient of its output.
     w_bytes = sum((k + n) * mult for k, n, mult in gemms) * elem
-    # Memory-bound kernels (each reads its inputs and writes its output once): two norms
-    # (F: x -> y; backward: x, dy -> dx), two residual adds (F: 2 reads, 1 write; backward: the
-    # two gradient branches summed) and the FFN activation (GeLU F: 1 + 1, backward: 2 + 1;
-    # SwiGLU F: 2 + 1, backward: 3 + 2) over every token's expert widths.
+    # Memory-bound kernels (each reads its inputs and writes its output once), per class: two
+    # norms (F: x -> y; backward: x, dy -> dx), the FFN activation (GeLU F: 1 + 1, backward:
+    # 2 + 1; SwiGLU F: 2 + 1, backward: 3 + 2) over every token's expert widths, and two residual
+    # adds (F: 2 reads, 1 write; backward: the two gradient branches summed).
     width = _ffn_width(model, layer)
     act_f, act_b = (3 * width, 5 * width) if model.activation == "swiglu" else (2 * width, 3 * width)
     return _LayerShape(
@@ -243,9 +248,15 @@ def _layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int)
         score_bytes=scores / tp,
         w_bytes=w_bytes / tp,
         input_bytes=h * elem / tp,
-        ew_forward_bytes=(4 * h + 6 * h + act_f) * elem / tp,
-        ew_backward_bytes=(6 * h + 6 * h + act_b) * elem / tp,
+        ew_forward=dict(norm=4 * h * elem / tp, activation=act_f * elem / tp, add=6 * h * elem / tp),
+        ew_backward=dict(norm=6 * h * elem / tp, activation=act_b * elem / tp, add=6 * h * elem / tp),
     )
+
+
+def _elementwise_s(bytes_by_class: dict[str, float], hardware: HardwareProfile) -> float:
+    """Seconds of memory-bound kernels moving ``bytes_by_class`` (0 for classes the profile lacks)."""
+    rates = hardware.elementwise_bytes_per_s
+    return sum(n / rates[k] for k, n in bytes_by_class.items() if k in rates)
 
 
 def _ffn_width(model: ModelSpec, layer: int) -> float:
@@ -339,7 +350,11 @@ def stage_costs(
     elem = parallel.dtype_bytes
     dtype = parallel.dtype
     hardware.achieved_flops(dtype)  # an unknown dtype is an error even with calibrated tables
-    ew_rate = hardware.elementwise_bytes_per_s  # None: memory-bound kernels are not modelled
+    slow_f = hardware.layer_slowdown.get("F", 1.0)
+    slow_b = hardware.layer_slowdown.get("B", 1.0)
+    weight_bytes = 2 if elem == 2 else 4  # 16-bit weights and gradients in mixed precision
+    # gradient accumulation over microbatches: grad += new (2 reads, 1 write) after the first
+    accumulate = (parallel.microbatches - 1) / parallel.microbatches * 3 * weight_bytes
     attn_f_rate = hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=False)
     attn_b_rate = hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=True)
     topo = Topology(hardware, parallel)
@@ -368,9 +383,10 @@ def stage_costs(
             attn += ls.attn_flops * tokens
             gf, gi, gw = _gemm_seconds(_linear_layers(model, layer), tokens, tp, model.hidden_size, hardware, dtype)
             attn_f = ls.attn_flops * tokens / attn_f_rate
-            ew_f = ls.ew_forward_bytes * tokens / ew_rate if ew_rate else 0.0
+            ew_f = _elementwise_s({k: v * tokens for k, v in ls.ew_forward.items()}, hardware)
+            ew_b = _elementwise_s({k: v * tokens for k, v in ls.ew_backward.items()}, hardware)
             f_s += gf + attn_f + ew_f
-            i_s += gi + 2 * ls.attn_flops * tokens / attn_b_rate + (ls.ew_backward_bytes * tokens / ew_rate if ew_rate else 0.0)
+            i_s += gi + 2 * ls.attn_flops * tokens / attn_b_rate + ew_b
             w_s += gw
             stored = ls.act_bytes + (ls.score_bytes if parallel.recompute == "none" else 0.0)
             if parallel.recompute == "full":
@@ -394,12 +410,13 @@ def stage_costs(
             gemm += 2 * h * v / tp * tokens
             gf, gi, gw = _gemm_seconds([(h, v, 1.0)], tokens, tp, h, hardware, dtype)
             # final norm (F 2h, backward 3h) and the fp32 softmax cross-entropy (F 2v, backward 3v)
-            ew_f = tokens * (2 * h * elem + 2 * 4 * v) / tp / ew_rate if ew_rate else 0.0
-            ew_b = tokens * (3 * h * elem + 3 * 4 * v) / tp / ew_rate if ew_rate else 0.0
+            ew_f = _elementwise_s(dict(norm=tokens * 2 * h * elem / tp, activation=tokens * 2 * 4 * v / tp), hardware)
+            ew_b = _elementwise_s(dict(norm=tokens * 3 * h * elem / tp, activation=tokens * 3 * 4 * v / tp), hardware)
             f_s, i_s, w_s = f_s + gf + ew_f, i_s + gi + ew_b, w_s + gw
             # norm and head input, fp32 logits for the loss (Korthikanti et al. 2022 §4.3)
             act += tokens * (2 * h * elem / tp + 4 * v / tp)
             w += tokens * (h + v / tp) * elem
+        w_s += _elementwise_s(dict(add=accumulate * params), hardware)
         f_flops = gemm + attn
         i_flops = gemm + 2 * attn
         w_flops = gemm
@@ -410,9 +427,9 @@ def stage_costs(
                 layers=layers,
                 has_embedding=has_emb,
                 has_head=has_head,
-                forward_s=f_s,
-                backward_input_s=i_s + recompute_s,
-                backward_weight_s=w_s,
+                forward_s=f_s * slow_f,
+                backward_input_s=(i_s + recompute_s) * slow_b,
+                backward_weight_s=w_s * slow_b,
                 tp_forward_s=tp_f,
                 tp_backward_s=tp_f * (2 if parallel.recompute == "full" else 1),
                 forward_flops=f_flops,
@@ -425,9 +442,7 @@ def stage_costs(
             )
         )
 
-    mixed = elem == 2
-    weight_bytes = 2 if mixed else 4
-    optimizer_bytes = 12 if mixed else 8
+    optimizer_bytes = 12 if elem == 2 else 8
     shard = parallel.dp if parallel.zero_stage >= 1 else 1
     return StageCosts(
         chunks=tuple(chunks),

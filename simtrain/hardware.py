@@ -106,11 +106,20 @@ class ComputeFile(_Strict):
     attention_tflops: dict[Dtype, list[AttentionPointFile]] = Field(
         default_factory=dict, description="achieved attention TFLOP/s per (seq_len, head_dim)"
     )
-    elementwise_gb_per_s: float | None = Field(
-        default=None, gt=0, description="bandwidth of memory-bound kernels (norms, activations, adds)"
+    elementwise_gb_per_s: dict[Literal["norm", "activation", "add"], float] = Field(
+        default_factory=dict, description="bandwidth of memory-bound kernels per class, in the bytes the cost "
+        "model counts: norms, activation functions and the loss softmax, adds (residual, gradient accumulation)"
+    )
+    layer_slowdown: dict[Literal["F", "B"], float] = Field(
+        default_factory=dict, description="measured time of a whole transformer layer / the sum of its "
+        "kernels' times, for the forward (F) and backward (B, applied to I and W)"
     )
     action_overhead_us: float = Field(
         default=0.0, ge=0, description="framework time added to every pipeline action (F, B, I, W)"
+    )
+    message_overhead_us: float = Field(
+        default=0.0, ge=0, description="processor time a p2p message costs the action that sends it and "
+        "the action that receives it (posting, waiting, completing)"
     )
     processors_per_node: int | None = Field(
         default=None, ge=1, description="compute units the ranks of a node share (CPU cores); "
@@ -202,10 +211,15 @@ class HardwareProfile:
             FLOP/s)`` linear-layer GEMMs (``compute.linear_tflops``).
         attention_rates: per dtype, measured ``(seq_len, head_dim, forward FLOP/s, backward
             FLOP/s)`` causal attention kernels (``compute.attention_tflops``).
-        elementwise_bytes_per_s: bandwidth of memory-bound kernels, or None to leave them out of
-            the cost model (``compute.elementwise_gb_per_s``).
+        elementwise_bytes_per_s: bandwidth of memory-bound kernels per class (``norm``,
+            ``activation``, ``add``); empty leaves them out of the cost model
+            (``compute.elementwise_gb_per_s``).
+        layer_slowdown: whole-layer time / kernel-sum time per pass ``F`` and ``B``; 1 when absent
+            (``compute.layer_slowdown``).
         action_overhead_s: framework seconds added to every pipeline action
             (``compute.action_overhead_us``).
+        message_overhead_s: seconds a p2p message adds to its sending and its receiving action
+            (``compute.message_overhead_us``).
         processors_per_node: compute units shared by the ranks of one node, or None for one
             processor per GPU (``compute.processors_per_node``).
     """
@@ -224,8 +238,10 @@ class HardwareProfile:
     calibration: dict | None = field(default=None, compare=False)
     linear_rates: dict[tuple[str, str], tuple[tuple[int, int, int, float], ...]] = field(default_factory=dict)
     attention_rates: dict[str, tuple[tuple[int, int, float, float], ...]] = field(default_factory=dict)
-    elementwise_bytes_per_s: float | None = None
+    elementwise_bytes_per_s: dict[str, float] = field(default_factory=dict)
+    layer_slowdown: dict[str, float] = field(default_factory=dict)
     action_overhead_s: float = 0.0
+    message_overhead_s: float = 0.0
     processors_per_node: int | None = None
 
     def linear_flops_per_s(self, tokens: float, fan_in: float, fan_out: float, kind: str, dtype: str) -> float:
@@ -331,8 +347,10 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
             d: tuple((a.seq_len, a.head_dim, a.forward_tflops * TFLOPS, a.backward_tflops * TFLOPS) for a in pts)
             for d, pts in comp.attention_tflops.items()
         },
-        elementwise_bytes_per_s=None if comp.elementwise_gb_per_s is None else comp.elementwise_gb_per_s * GB,
+        elementwise_bytes_per_s={k: v * GB for k, v in comp.elementwise_gb_per_s.items()},
+        layer_slowdown=dict(comp.layer_slowdown),
         action_overhead_s=comp.action_overhead_us * US,
+        message_overhead_s=comp.message_overhead_us * US,
         processors_per_node=comp.processors_per_node,
     )
 

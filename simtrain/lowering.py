@@ -20,8 +20,9 @@ Memory: each rank starts with the static bytes of the chunks it holds; F allocat
 activation when it starts; B frees it when it ends; I frees all but what W needs; W frees the rest.
 
 Runtime: every compute action (each part of an overlapped pair) also costs the profile's
-per-action framework overhead (``action_overhead_s``, 0 unless calibrated), and when a node runs
-more ranks than it has processors, their compute tasks share one processor pool
+per-action framework overhead (``action_overhead_s``), an action that sends or receives a p2p
+message the per-message overhead (``message_overhead_s``; both 0 unless calibrated), and when a
+node runs more ranks than it has processors, their compute tasks share one processor pool
 (:meth:`simtrain.network.Topology.processor_pools`).
 """
 
@@ -138,6 +139,8 @@ def _add_pipeline_dependencies(schedule, graph, first, last, chunk, topology, co
             first[consumer].deps.append(done.tid)
             return
         route = topology.p2p(src, dst)
+        done.duration_s += topology.hardware.message_overhead_s  # posting the send
+        first[consumer].duration_s += topology.hardware.message_overhead_s  # completing the receive
         send = graph.add(
             name=f"p2p {producer} -> {consumer}", rank=src, peer=dst, category="comm", kind="p2p",
             duration_s=route.transfer_s(nbytes), deps=[done.tid], resources=route.resources,

@@ -139,7 +139,12 @@ def _print_calibration(data: dict, path: Path) -> None:
         for r in rows:
             table.add_row(f"attention s={r['seq_len']} d={r['head_dim']} ({dtype})",
                           f"F {r['forward_tflops'] * 1e3:.1f} / B {r['backward_tflops'] * 1e3:.1f} GFLOP/s", "")
-    table.add_row("elementwise kernels", f"{comp['elementwise_gb_per_s']:.1f} GB/s", "bytes the cost model counts")
+    table.add_row("elementwise kernels", ", ".join(f"{k} {v:.1f}" for k, v in comp["elementwise_gb_per_s"].items())
+                  + " GB/s", "bytes the cost model counts")
+    slow = rec["layer_slowdown"]
+    table.add_row("whole layer / sum of kernels", f"F {slow['F']:.3f}, B {slow['B']:.3f}",
+                  f"{len(slow['residuals'])} shapes, worst "
+                  f"{max(max(abs(r['forward_error']), abs(r['backward_error'])) for r in slow['residuals']):.0%}")
     table.add_row("copy (memory bandwidth)", f"{rec['copy']['gb_per_s']:.1f} GB/s", f"CV {rec['copy']['cv']:.0%}")
     for cls, link in rec.get("links", {}).items():
         if link.get("measured"):
@@ -152,9 +157,11 @@ def _print_calibration(data: dict, path: Path) -> None:
         if "latency_us" in fit:
             table.add_row(name.replace("_", "-"), f"{fit['latency_us']:.1f} us + bytes / {fit['bandwidth_gb_per_s']:.2f} GB/s",
                           f"R² {fit['r2']:.3f} (recorded, not used)")
-    ov = rec["action_overhead"]
-    table.add_row("per-action overhead", f"{ov['us']:.0f} us",
-                  ", ".join(f"m={r['microbatches']}: {r['error']:+.0%}" for r in ov["residuals"]))
+    ov = rec["overheads"]
+    worst = max(ov["residuals"], key=lambda r: abs(r["error"]))
+    table.add_row("per-action / per-message overhead", f"{ov['action_us']:.0f} us / {ov['message_us']:.0f} us",
+                  f"{len(ov['residuals'])} trivial pipelines, worst {worst['schedule']} m={worst['microbatches']} "
+                  f"{worst['error']:+.0%}")
     if comp.get("processors_per_node"):
         table.add_row("processors per node", str(comp["processors_per_node"]), "ranks beyond this share them")
     out.print(table)

@@ -8,12 +8,17 @@
   (:mod:`simtrain.network`) on the p2p link, so a user sees how far collectives stray from it.
 * Linear layers and attention: tables of achieved TFLOP/s (FLOPs as the cost model counts them /
   median seconds), used by the cost model shape by shape.
-* Elementwise kernels: one bandwidth, the bytes the cost model counts for them divided by their
-  measured time (summed over kernels and shapes); each kernel's own rate is kept as a residual.
+* Elementwise kernels: one bandwidth per class (norm, activation, add), the bytes the cost model
+  counts for them divided by their measured time (summed over kernels and shapes); each kernel's
+  own rate is kept as a residual.
+* Whole layers: ``layer_slowdown`` = measured layer time / the cost model's sum of its kernels
+  (median over shapes, F and B), which the cost model applies: kernels inside a model run slower
+  than alone (caches, allocation, framework work between kernels).
 * Copy: read + write bytes / seconds, the profile's memory bandwidth (optimizer step).
-* Per-action overhead: the value with which simtrain's own simulation of the trivial GPipe
-  pipeline reproduces its measured step times (least squares over the microbatch counts; the
-  simulated step is linear in the overhead), so p2p latency is not counted twice.
+* Per-action and per-message overheads: the values with which simtrain's own simulation of the
+  trivial pipelines (two torch runtimes, two microbatch counts, each in the order its ranks
+  ran) reproduces their measured step times (non-negative least squares; the simulated step is
+  linear in both), so p2p latency is not counted twice.
 """
 
 from __future__ import annotations
@@ -131,61 +136,120 @@ def attention_table(points: list[dict]) -> list[dict]:
     ]
 
 
-def elementwise_fit(points: list[dict]) -> tuple[float, list[dict]]:
-    """One bandwidth (bytes/s) for memory-bound kernels, and each kernel's rate relative to it."""
-    total_bytes = sum(p["model_bytes"] for p in points)
-    total_s = sum(p["seconds"] for p in points)
-    bw = total_bytes / total_s
+def elementwise_fit(points: list[dict]) -> tuple[dict[str, float], list[dict]]:
+    """Bandwidth (bytes/s) per class of memory-bound kernels, and each kernel's rate against it.
+
+    A class's bandwidth is the bytes the cost model counts for its kernels divided by their
+    measured time, summed over kernels and shapes (so it predicts their total exactly).
+    """
+    rates = {}
+    for cls in sorted({p["class"] for p in points}):
+        members = [p for p in points if p["class"] == cls]
+        rates[cls] = sum(p["model_bytes"] for p in members) / sum(p["seconds"] for p in members)
     residuals = [
         dict(kernel=p["kernel"], tokens=p["tokens"], hidden=p["hidden"],
              gb_per_s=_sig(p["model_bytes"] / p["seconds"] / GB),
-             error=_sig((p["model_bytes"] / bw) / p["seconds"] - 1))
+             error=_sig((p["model_bytes"] / rates[p["class"]]) / p["seconds"] - 1))
         for p in points
     ]
-    return bw, residuals
+    return rates, residuals
+
+
+def layer_slowdown_fit(profile_data: dict, points: list[dict], dtype: str) -> tuple[dict[str, float], list[dict]]:
+    """Measured time of a whole layer / the cost model's sum of its kernels, for F and B.
+
+    The cost model's layer comes from :func:`simtrain.costs.stage_costs` on a 3-layer model cut
+    in 3 (the middle chunk is one plain layer) with the profile being built (without slowdown);
+    gradient accumulation is counted for every backward, as the benchmark accumulates. The
+    factors are medians over the measured shapes; residuals give each shape's ratio against them.
+    """
+    from ..costs import stage_costs
+
+    hw = profile_from_file_model(validate_model(ProfileFile, profile_data, "calibrated profile"))
+    by_shape: dict[tuple, dict] = {}
+    for p in points:
+        by_shape.setdefault((p["hidden"], p["tokens"], p["seq_len"], p["heads"]), {})[p["kind"]] = p["seconds"]
+    ratios = []
+    for (h, t, s, heads), m in sorted(by_shape.items()):
+        spec = ModelSpec(name="layer", num_layers=3, hidden_size=h, ffn_hidden_size=4 * h, num_heads=heads,
+                         vocab_size=8, seq_len=s, activation="gelu", norm="layernorm", bias=False)
+        par = ParallelConfig(microbatches=10**6, microbatch_size=max(1, t // s), seq_len=s, dtype=dtype,
+                             recompute="selective", sequence_parallel=False)
+        layer = stage_costs(spec, par, hw, 3).chunks[1]
+        ratios.append(((h, t), m["F"] / layer.forward_s, (m["FB"] - m["F"]) / layer.backward_s))
+    factors = dict(F=float(np.median([r[1] for r in ratios])), B=float(np.median([r[2] for r in ratios])))
+    residuals = [
+        dict(hidden=h, tokens=t, forward_ratio=_sig(f), backward_ratio=_sig(b),
+             forward_error=_sig(factors["F"] / f - 1), backward_error=_sig(factors["B"] / b - 1))
+        for (h, t), f, b in ratios
+    ]
+    return factors, residuals
 
 
 # ----------------------------------------------------------------------------- per-action overhead
-def fit_action_overhead(profile_data: dict, overhead: dict, world: int) -> tuple[float, list[dict]]:
-    """Per-action seconds with which the simulator reproduces the trivial pipeline's steps.
+def fit_overheads(profile_data: dict, overhead: dict) -> tuple[float, float, list[dict]]:
+    """Per-action and per-message seconds with which the simulator reproduces the trivial pipelines.
+
+    Each run of :func:`simtrain.calibration.microbench.overhead_benchmark` is simulated in the
+    order its ranks ran, with the profile's links; the simulated step is linear in both overheads
+    (``base + a·action + b·message``), so they are the non-negative least-squares solution over
+    all runs (relative errors).
 
     Args:
         profile_data: the profile being built (file form; links already calibrated).
-        overhead: :func:`simtrain.calibration.microbench.overhead_benchmark`'s result.
-        world: pipeline ranks of the trivial pipeline.
+        overhead: the benchmark's result.
 
     Returns:
-        ``(seconds, residuals)``; residuals list measured and simulated step per microbatch count.
+        ``(action_s, message_s, residuals)``; residuals give measured and simulated steps.
     """
     from ..scenario import run_schedule
+    from ..schedules.ir import Schedule, parse_action
 
     hw = profile_from_file_model(validate_model(ProfileFile, profile_data, "calibrated profile"))
     width = overhead["width"]
-    model = ModelSpec(name="trivial pipeline", num_layers=world, hidden_size=width, ffn_hidden_size=width,
-                      num_heads=1, vocab_size=1, seq_len=1)
 
-    def simulate(m: int, seconds: float) -> float:
-        par = ParallelConfig(pp=world, microbatches=m, microbatch_size=overhead["batch_per_microbatch"],
-                             dtype="fp32")
-        probe = replace(hw, action_overhead_s=seconds)
-        return run_schedule("gpipe", model, probe, par, op_times=(1e-9, 1e-9, 0.0)).report.step_time_s
+    def simulate(run: dict, action_s: float, message_s: float) -> float:
+        orders = tuple(tuple(parse_action(t) for t in rank) for rank in run["orders"])
+        schedule = Schedule(run["schedule"], run["microbatches"], tuple(run["stage_to_rank"]), orders)
+        model = ModelSpec(name="trivial pipeline", num_layers=schedule.num_stages, hidden_size=width,
+                          ffn_hidden_size=width, num_heads=1, vocab_size=1, seq_len=1)
+        par = ParallelConfig(microbatch_size=overhead["batch_per_microbatch"], dtype="fp32")
+        probe = replace(hw, action_overhead_s=action_s, message_overhead_s=message_s)
+        return run_schedule(schedule, model, probe, par, op_times=(1e-9, 1e-9, 0.0)).report.step_time_s
 
     probe_s = 1e-3
     rows = []
-    for step in overhead["steps"]:
-        m = step["microbatches"]
-        base = simulate(m, 0.0)
-        slope = (simulate(m, probe_s) - base) / probe_s
-        rows.append((m, step["seconds"], base, slope))
-    num = sum(slope * (measured - base) for _, measured, base, slope in rows)
-    den = sum(slope**2 for *_, slope in rows)
-    seconds = max(num / den, 0.0) if den > 0 else 0.0
-    residuals = [
-        dict(microbatches=m, measured_ms=_sig(measured * 1e3), simulated_ms=_sig((base + slope * seconds) * 1e3),
-             error=_sig((base + slope * seconds) / measured - 1))
-        for m, measured, base, slope in rows
-    ]
-    return seconds, residuals
+    for run in overhead["runs"]:
+        base = simulate(run, 0.0, 0.0)
+        rows.append((run, base, (simulate(run, probe_s, 0.0) - base) / probe_s,
+                     (simulate(run, 0.0, probe_s) - base) / probe_s))
+    y = np.array([(r["seconds"] - base) / r["seconds"] for r, base, _, _ in rows])
+    design = np.array([[a / r["seconds"], b / r["seconds"]] for r, _, a, b in rows])
+    coef = _nonnegative_lstsq(design, y)
+    residuals = []
+    for run, base, a, b in rows:
+        sim = base + a * coef[0] + b * coef[1]
+        residuals.append(dict(schedule=run["schedule"], microbatches=run["microbatches"],
+                              measured_ms=_sig(run["seconds"] * 1e3), simulated_ms=_sig(sim * 1e3),
+                              error=_sig(sim / run["seconds"] - 1)))
+    return float(coef[0]), float(coef[1]), residuals
+
+
+def _nonnegative_lstsq(design: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative coefficients (all free, or each alone with the others 0)."""
+    best, best_err = np.zeros(design.shape[1]), float((y**2).sum())
+    candidates = [np.linalg.lstsq(design, y, rcond=None)[0]]
+    for j in range(design.shape[1]):
+        col = design[:, j]
+        c = np.zeros(design.shape[1])
+        c[j] = float(col @ y / (col @ col)) if col @ col > 0 else 0.0
+        candidates.append(c)
+    for c in candidates:
+        if (c >= 0).all():
+            err = float(((design @ c - y) ** 2).sum())
+            if err < best_err:
+                best, best_err = c, err
+    return best
 
 
 # ----------------------------------------------------------------------------- the profile
@@ -239,7 +303,7 @@ def build_profile(meas: dict, base: str | None, quick: bool) -> dict:
     compute = meas["compute"]
     lin = linear_table(compute["linear"])
     att = attention_table(compute["attention"])
-    ew_bw, ew_res = elementwise_fit(compute["elementwise"])
+    ew_rates, ew_res = elementwise_fit(compute["elementwise"])
     copy_bw = 2 * compute["copy"]["bytes"] / compute["copy"]["seconds"]
     best_tflops = max(p["tflops"] for p in lin)
     threads = meas.get("threads_per_rank")
@@ -276,7 +340,7 @@ def build_profile(meas: dict, base: str | None, quick: bool) -> dict:
     record["linear"] = dict(cases=len(lin), best_tflops=best_tflops,
                             cv_median=_sig(float(np.median([p["cv"] for p in compute["linear"]]))))
     record["attention"] = dict(cases=len(att), cv_median=_sig(float(np.median([p["cv"] for p in compute["attention"]]))))
-    record["elementwise"] = dict(gb_per_s=_sig(ew_bw / GB), residuals=ew_res)
+    record["elementwise"] = dict(gb_per_s={k: _sig(v / GB) for k, v in ew_rates.items()}, residuals=ew_res)
     record["copy"] = dict(bytes=compute["copy"]["bytes"], gb_per_s=_sig(copy_bw / GB), cv=_sig(compute["copy"]["cv"]))
 
     old_eff = float(data["efficiency"]["link"])
@@ -321,16 +385,21 @@ def build_profile(meas: dict, base: str | None, quick: bool) -> dict:
     compute_section = dict(
         linear_tflops={dtype: lin},
         attention_tflops={dtype: att},
-        elementwise_gb_per_s=_sig(ew_bw / GB),
+        elementwise_gb_per_s={k: _sig(v / GB) for k, v in ew_rates.items()},
         action_overhead_us=0.0,
     )
     if processors is not None:
         compute_section["processors_per_node"] = processors
     data["compute"] = compute_section
     data["calibration"] = record
-    overhead_s, overhead_res = fit_action_overhead(data, meas["overhead"], meas["world"])
-    compute_section["action_overhead_us"] = _sig(overhead_s * 1e6)
-    record["action_overhead"] = dict(us=_sig(overhead_s * 1e6), residuals=overhead_res)
+    slowdown, slowdown_res = layer_slowdown_fit(data, compute["layer"], dtype)
+    compute_section["layer_slowdown"] = {k: _sig(v) for k, v in slowdown.items()}
+    record["layer_slowdown"] = dict(F=_sig(slowdown["F"]), B=_sig(slowdown["B"]), residuals=slowdown_res)
+    action_s, message_s, overhead_res = fit_overheads(data, meas["overhead"])
+    compute_section["action_overhead_us"] = _sig(action_s * 1e6)
+    compute_section["message_overhead_us"] = _sig(message_s * 1e6)
+    record["overheads"] = dict(action_us=_sig(action_s * 1e6), message_us=_sig(message_s * 1e6),
+                               residuals=overhead_res)
     validate_model(ProfileFile, data, "calibrated profile")
     return data
 

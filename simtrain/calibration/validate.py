@@ -99,34 +99,18 @@ def default_model(world: int, device: str, quick: bool) -> ValidationModel:
 
 # ----------------------------------------------------------------------------- torch model
 def _build_stage_module(torch, cfg: ValidationModel, stage: int, num_stages: int, device, dtype):
-    """The ``nn.Module`` of one pipeline stage (its layers, plus embedding / head)."""
-    import torch.nn.functional as F
+    """The ``nn.Module`` of one pipeline stage: its layers (split as simtrain splits them), plus
+    the embedding on the first stage and the final norm and LM head on the last."""
     from torch import nn
 
-    a, h = cfg.heads, cfg.hidden
-    d = h // a
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm1, self.norm2 = nn.LayerNorm(h), nn.LayerNorm(h)
-            self.qkv = nn.Linear(h, 3 * h, bias=False)
-            self.proj = nn.Linear(h, h, bias=False)
-            self.fc1 = nn.Linear(h, cfg.ffn, bias=False)
-            self.fc2 = nn.Linear(cfg.ffn, h, bias=False)
-
-        def forward(self, x):
-            b, s, _ = x.shape
-            q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, a, d).permute(2, 0, 3, 1, 4)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(o.transpose(1, 2).reshape(b, s, h))
-            return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+    from .microbench import transformer_layer
 
     class Stage(nn.Module):
         def __init__(self, n_layers: int, first: bool, last: bool):
             super().__init__()
+            h = cfg.hidden
             self.embed = nn.Embedding(cfg.vocab, h) if first else None
-            self.blocks = nn.ModuleList(Block() for _ in range(n_layers))
+            self.blocks = nn.ModuleList(transformer_layer(torch, h, cfg.heads, cfg.ffn) for _ in range(n_layers))
             self.norm = nn.LayerNorm(h) if last else None
             self.head = nn.Linear(h, cfg.vocab, bias=False) if last else None
 
@@ -180,7 +164,9 @@ class SavedTensorMeter:
             self.peak = max(self.peak, self.current)
         else:
             entry[0] += 1
-        return _Held(tensor, key, self)
+        # a detached alias: holding a saved *output* with its grad_fn would make a reference
+        # cycle through the autograd node that keeps it alive after a split (I/W) backward
+        return _Held(tensor.detach(), key, self)
 
     @staticmethod
     def unpack(held):
@@ -219,7 +205,7 @@ def probe_cases(torch, cfg: ValidationModel, device, dtype):
     tokens = cfg.microbatch_size * cfg.seq_len
     lin = linear_cases(torch, device, dtype, [cfg.hidden], [tokens], [])
     att = attention_cases(torch, device, dtype, [(cfg.seq_len, cfg.hidden // cfg.heads, cfg.heads)], tokens)
-    ew = elementwise_cases(torch, device, dtype, [cfg.hidden], [tokens])
+    ew = elementwise_cases(torch, device, dtype, [cfg.hidden], [tokens], [])
     keys = dict(linear=lin[0], attention=att[0], elementwise=ew[0])
     return keys, lin[1] + att[1] + ew[1]
 
@@ -235,8 +221,8 @@ def probe_seconds(keys: dict, hardware: HardwareProfile, dtype: str = "fp32") ->
             total += 2 * flops / hardware.attention_flops_per_s(s, d, dtype, backward=True)
         else:
             total += flops / hardware.attention_flops_per_s(s, d, dtype, backward=False)
-    if hardware.elementwise_bytes_per_s:
-        total += sum(nbytes for *_, nbytes in keys["elementwise"]) / hardware.elementwise_bytes_per_s
+    rates = hardware.elementwise_bytes_per_s
+    total += sum(nbytes / rates[cls] for cls, *_, nbytes in keys["elementwise"] if cls in rates)
     return total
 
 
@@ -253,14 +239,13 @@ def at_speed(hardware: HardwareProfile, factor: float) -> HardwareProfile:
         attention_rates={
             k: tuple((*r[:2], r[2] / factor, r[3] / factor) for r in v) for k, v in hardware.attention_rates.items()
         },
-        elementwise_bytes_per_s=(hardware.elementwise_bytes_per_s / factor
-                                 if hardware.elementwise_bytes_per_s else None),
+        elementwise_bytes_per_s={k: v / factor for k, v in hardware.elementwise_bytes_per_s.items()},
         hbm_bandwidth_bytes_per_s=hardware.hbm_bandwidth_bytes_per_s / factor,
         action_overhead_s=hardware.action_overhead_s * factor,
     )
 
 
-class _Recorder:
+class Recorder:
     """Wraps a stage's forward/backward calls to record the actions it runs, with timestamps."""
 
     def __init__(self):
@@ -292,28 +277,81 @@ def _schedule_orders(sched, name: str, world: int, recorded: list[list[str]]) ->
     return orders
 
 
+class _TorchRun:
+    """One torch schedule on this rank: its stages, optimizer, recorder, and one training step."""
+
+    def __init__(self, torch, ctx: RankContext, name: str, cfg: ValidationModel, loss_fn, tokens, target):
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining import schedules as torch_schedules
+
+        cls_name, per_rank = TORCH_SCHEDULES[name]
+        self.torch, self.ctx, self.name = torch, ctx, name
+        self.placement = stage_placement(name, ctx.world)
+        n_stages = len(self.placement)
+        mine = [s for s in range(n_stages) if self.placement[s] == ctx.rank]
+        self.modules = [_build_stage_module(torch, cfg, s, n_stages, ctx.device, torch.float32) for s in mine]
+        stages = [PipelineStage(mod, s, n_stages, ctx.device) for mod, s in zip(self.modules, mine)]
+        self.recorder = Recorder()
+        for st in stages:
+            self.recorder.wrap(st)
+        cls = getattr(torch_schedules, cls_name)
+        self.sched = cls(stages[0] if per_rank == 1 else stages, cfg.microbatches, loss_fn=loss_fn)
+        self.params = [p for mod in self.modules for p in mod.parameters()]
+        self.opt = torch.optim.Adam(self.params, lr=1e-4)
+        self.args = (tokens,) if 0 in mine else ()
+        self.kwargs = dict(target=target) if n_stages - 1 in mine else {}
+        self.times: list[float] = []
+        self.probes: list[float] = []
+
+    def train_step(self) -> None:
+        """``schedule.step()``, the optimizer step and ``zero_grad``."""
+        self.sched.step(*self.args, **self.kwargs)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=self.ctx.device.type != "cuda")
+
+    def activation_peak(self) -> float:
+        """Activation bytes this rank holds at its peak during one (untimed) step."""
+        torch = self.torch
+        dev = self.ctx.device
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            self.train_step()
+            torch.cuda.synchronize()
+            return float(torch.cuda.max_memory_allocated(dev) - before)
+        from torch.autograd.graph import saved_tensors_hooks
+
+        meter = SavedTensorMeter(self.params)
+        with saved_tensors_hooks(meter.pack, meter.unpack):
+            self.train_step()
+        return float(meter.peak)
+
+
 def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
     """The ``validate`` job on one rank: every requested schedule, measured; rank 0 returns all.
+
+    The schedules are stepped round-robin (after ``warmup`` steps each, ``steps`` rounds of one
+    step of every schedule), each step preceded by the speed probe, so that a machine whose speed
+    drifts affects all schedules alike.
 
     Args:
         spec: ``device``, ``schedules`` (names), ``model`` (:class:`ValidationModel` fields),
             ``steps``, ``warmup``.
 
     Returns:
-        ``{"schedules": {name: {...}}}`` with step times, per-rank activation peaks, torch's
-        orders, placement, and per-action measured durations.
+        ``{"schedules": {name: {...}}, "world", "model", "probe_keys"}``; per schedule the step
+        times, the probe time before each step, per-rank activation peaks, torch's orders, what
+        the ranks ran, the placement, and per-action measured durations.
     """
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.autograd.graph import saved_tensors_hooks
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining import schedules as torch_schedules
 
     from .microbench import Timer, timed_step
 
     cfg = ValidationModel(**spec["model"])
-    dev, dtype = ctx.device, torch.float32
+    dev = ctx.device
     steps, warmup = spec["steps"], spec["warmup"]
     b, m = cfg.microbatch_size, cfg.microbatches
     g = torch.Generator().manual_seed(0)
@@ -323,7 +361,7 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
     def loss_fn(logits, tgt):
         return F.cross_entropy(logits.flatten(0, 1), tgt.flatten())
 
-    probe_keys, probe_fns = probe_cases(torch, cfg, dev, dtype)
+    probe_keys, probe_fns = probe_cases(torch, cfg, dev, torch.float32)
     timer = Timer(torch, dev)
 
     def probe() -> float:
@@ -332,72 +370,45 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
 
     for fn in probe_fns:  # warm-up
         fn()
-    out: dict = {}
     names = spec["schedules"]
-    for i, name in enumerate(names):
-        progress(f"{name}|{i}|{len(names)}")
-        cls_name, per_rank = TORCH_SCHEDULES[name]
-        placement = stage_placement(name, ctx.world)
-        n_stages = len(placement)
-        mine = [s for s in range(n_stages) if placement[s] == ctx.rank]
-        modules = [_build_stage_module(torch, cfg, s, n_stages, dev, dtype) for s in mine]
-        stages = [PipelineStage(mod, s, n_stages, dev) for mod, s in zip(modules, mine)]
-        recorder = _Recorder()
-        for st in stages:
-            recorder.wrap(st)
-        cls = getattr(torch_schedules, cls_name)
-        sched = cls(stages[0] if per_rank == 1 else stages, m, loss_fn=loss_fn)
-        params = [p for mod in modules for p in mod.parameters()]
-        opt = torch.optim.Adam(params, lr=1e-4)
-        has_first, has_last = 0 in mine, n_stages - 1 in mine
+    total = len(names) * (warmup + steps)
+    runs = []
+    for name in names:
+        run = _TorchRun(torch, ctx, name, cfg, loss_fn, tokens, target)
+        for _ in range(warmup):
+            run.train_step()
+            progress(f"warm-up {name}|{len(runs) * warmup + _ + 1}|{total}")
+        runs.append(run)
+    for step in range(steps):
+        for i, run in enumerate(runs):
+            progress(f"step {step + 1}/{steps}: {run.name}|{len(names) * (warmup + step) + i + 1}|{total}")
+            run.probes.append(probe())
+            run.recorder.events.clear()
+            run.times.append(timed_step(ctx, run.train_step))
 
-        def train_step():
-            args = (tokens,) if has_first else ()
-            kwargs = dict(target=target) if has_last else {}
-            sched.step(*args, **kwargs)
-            opt.step()
-            opt.zero_grad(set_to_none=dev.type != "cuda")
-
-        times, probes = [], []
-        for step in range(warmup + steps):
-            probes.append(probe())
-            recorder.events.clear()
-            times.append(timed_step(ctx, train_step))
-        executed = [e[0] for e in recorder.events]
+    out: dict = {}
+    for run in runs:
+        executed = [e[0] for e in run.recorder.events]  # the last measured step
         durations: dict[str, list[float]] = {}
-        for text, t0, t1 in recorder.events:
+        for text, t0, t1 in run.recorder.events:
             act = parse_action(text)
             durations.setdefault(f"{act.stage}{act.kind}", []).append(t1 - t0)
-
         ctx.barrier()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated(dev)
-            torch.cuda.reset_peak_memory_stats(dev)
-            train_step()
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated(dev) - before
-        else:
-            meter = SavedTensorMeter(params)
-            with saved_tensors_hooks(meter.pack, meter.unpack):
-                train_step()
-            peak = meter.peak
+        peak = run.activation_peak()
         ctx.barrier()
-
         gathered: list = [None] * ctx.world
-        dist.all_gather_object(gathered, dict(executed=executed, peak=peak, probes=probes[warmup:],
+        dist.all_gather_object(gathered, dict(executed=executed, peak=peak, probes=run.probes,
                                               durations={k: statistics.median(v) for k, v in durations.items()}))
         recorded = [r["executed"] for r in gathered]
-        orders = _schedule_orders(sched, name, ctx.world, recorded)
-        out[name] = dict(
-            step_times_s=times[warmup:], warmup_times_s=times[:warmup],
+        out[run.name] = dict(
+            step_times_s=run.times,
             activation_peak_bytes=[r["peak"] for r in gathered],
-            orders=orders, recorded=recorded, stage_to_rank=placement,
+            orders=_schedule_orders(run.sched, run.name, ctx.world, recorded), recorded=recorded,
+            stage_to_rank=run.placement,
             action_s={k: v for r in gathered for k, v in r["durations"].items()},
             probe_s=[statistics.median(step) for step in zip(*(r["probes"] for r in gathered))],
         )
-        del sched, stages, modules, opt
-    progress(f"done|{len(names)}|{len(names)}")
+    progress(f"done|{total}|{total}")
     return dict(schedules=out, world=ctx.world, model=spec["model"],
                 probe_keys={k: [list(x) for x in v] for k, v in probe_keys.items()})
 

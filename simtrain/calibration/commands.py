@@ -141,10 +141,11 @@ def _print_calibration(data: dict, path: Path) -> None:
                           f"F {r['forward_tflops'] * 1e3:.1f} / B {r['backward_tflops'] * 1e3:.1f} GFLOP/s", "")
     table.add_row("elementwise kernels", ", ".join(f"{k} {v:.1f}" for k, v in comp["elementwise_gb_per_s"].items())
                   + " GB/s", "bytes the cost model counts")
-    slow = rec["layer_slowdown"]
-    table.add_row("whole layer / sum of kernels", f"F {slow['F']:.3f}, B {slow['B']:.3f}",
-                  f"{len(slow['residuals'])} shapes, worst "
-                  f"{max(max(abs(r['forward_error']), abs(r['backward_error'])) for r in slow['residuals']):.0%}")
+    if "layer_slowdown" in rec:
+        slow = rec["layer_slowdown"]
+        worst = max(max(abs(r["forward_error"]), abs(r["backward_error"])) for r in slow["residuals"])
+        table.add_row("whole layer / sum of kernels", f"F {slow['F']:.3f}, B {slow['B']:.3f}",
+                      f"{len(slow['residuals'])} shapes, worst {worst:.0%}")
     table.add_row("copy (memory bandwidth)", f"{rec['copy']['gb_per_s']:.1f} GB/s", f"CV {rec['copy']['cv']:.0%}")
     for cls, link in rec.get("links", {}).items():
         if link.get("measured"):
@@ -158,10 +159,10 @@ def _print_calibration(data: dict, path: Path) -> None:
             table.add_row(name.replace("_", "-"), f"{fit['latency_us']:.1f} us + bytes / {fit['bandwidth_gb_per_s']:.2f} GB/s",
                           f"R² {fit['r2']:.3f} (recorded, not used)")
     ov = rec["overheads"]
-    worst = max(ov["residuals"], key=lambda r: abs(r["error"]))
+    worst = max(ov["residuals"], key=lambda r: abs(r["error"]), default=None)
     table.add_row("per-action / per-message overhead", f"{ov['action_us']:.0f} us / {ov['message_us']:.0f} us",
-                  f"{len(ov['residuals'])} trivial pipelines, worst {worst['schedule']} m={worst['microbatches']} "
-                  f"{worst['error']:+.0%}")
+                  f"{len(ov['residuals'])} trivial pipelines" + (
+                      f", worst {worst['schedule']} m={worst['microbatches']} {worst['error']:+.0%}" if worst else ""))
     if comp.get("processors_per_node"):
         table.add_row("processors per node", str(comp["processors_per_node"]), "ranks beyond this share them")
     out.print(table)

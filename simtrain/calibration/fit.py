@@ -191,9 +191,9 @@ def fit_overheads(profile_data: dict, overhead: dict) -> tuple[float, float, lis
     """Per-action and per-message seconds with which the simulator reproduces the trivial pipelines.
 
     Each run of :func:`simtrain.calibration.microbench.overhead_benchmark` is simulated in the
-    order its ranks ran, with the profile's links; the simulated step is linear in both overheads
-    (``base + a·action + b·message``), so they are the non-negative least-squares solution over
-    all runs (relative errors).
+    order its ranks ran, with the profile's links; the simulated step is piecewise linear in both
+    overheads (``base + a·action + b·message`` near any point), so they are found by non-negative
+    least squares over all runs (relative errors), linearising again around each new estimate.
 
     Args:
         profile_data: the profile being built (file form; links already calibrated).
@@ -217,18 +217,26 @@ def fit_overheads(profile_data: dict, overhead: dict) -> tuple[float, float, lis
         probe = replace(hw, action_overhead_s=action_s, message_overhead_s=message_s)
         return run_schedule(schedule, model, probe, par, op_times=(1e-9, 1e-9, 0.0)).report.step_time_s
 
-    probe_s = 1e-3
-    rows = []
-    for run in overhead["runs"]:
-        base = simulate(run, 0.0, 0.0)
-        rows.append((run, base, (simulate(run, probe_s, 0.0) - base) / probe_s,
-                     (simulate(run, 0.0, probe_s) - base) / probe_s))
-    y = np.array([(r["seconds"] - base) / r["seconds"] for r, base, _, _ in rows])
-    design = np.array([[a / r["seconds"], b / r["seconds"]] for r, _, a, b in rows])
-    coef = _nonnegative_lstsq(design, y)
+    # The simulated step is piecewise linear in the two overheads (the critical path can change),
+    # so linearise around the current estimate and solve again until it settles.
+    coef = np.zeros(2)
+    step_s = 1e-5
+    for _ in range(4):
+        rows = []
+        for run in overhead["runs"]:
+            base = simulate(run, *coef)
+            a = (simulate(run, coef[0] + step_s, coef[1]) - base) / step_s
+            b = (simulate(run, coef[0], coef[1] + step_s) - base) / step_s
+            rows.append((run, base - a * coef[0] - b * coef[1], a, b))
+        y = np.array([(r["seconds"] - intercept) / r["seconds"] for r, intercept, _, _ in rows])
+        design = np.array([[a / r["seconds"], b / r["seconds"]] for r, _, a, b in rows])
+        new = _nonnegative_lstsq(design, y)
+        if np.allclose(new, coef, rtol=1e-4, atol=1e-9):
+            break
+        coef = new
     residuals = []
-    for run, base, a, b in rows:
-        sim = base + a * coef[0] + b * coef[1]
+    for run, *_ in rows:
+        sim = simulate(run, *coef)
         residuals.append(dict(schedule=run["schedule"], microbatches=run["microbatches"],
                               measured_ms=_sig(run["seconds"] * 1e3), simulated_ms=_sig(sim * 1e3),
                               error=_sig(sim / run["seconds"] - 1)))
@@ -392,10 +400,13 @@ def build_profile(meas: dict, base: str | None, quick: bool) -> dict:
         compute_section["processors_per_node"] = processors
     data["compute"] = compute_section
     data["calibration"] = record
-    slowdown, slowdown_res = layer_slowdown_fit(data, compute["layer"], dtype)
-    compute_section["layer_slowdown"] = {k: _sig(v) for k, v in slowdown.items()}
-    record["layer_slowdown"] = dict(F=_sig(slowdown["F"]), B=_sig(slowdown["B"]), residuals=slowdown_res)
-    action_s, message_s, overhead_res = fit_overheads(data, meas["overhead"])
+    if compute.get("layer"):
+        slowdown, slowdown_res = layer_slowdown_fit(data, compute["layer"], dtype)
+        compute_section["layer_slowdown"] = {k: _sig(v) for k, v in slowdown.items()}
+        record["layer_slowdown"] = dict(F=_sig(slowdown["F"]), B=_sig(slowdown["B"]), residuals=slowdown_res)
+    action_s, message_s, overhead_res = 0.0, 0.0, []
+    if meas.get("overhead", {}).get("runs"):
+        action_s, message_s, overhead_res = fit_overheads(data, meas["overhead"])
     compute_section["action_overhead_us"] = _sig(action_s * 1e6)
     compute_section["message_overhead_us"] = _sig(message_s * 1e6)
     record["overheads"] = dict(action_us=_sig(action_s * 1e6), message_us=_sig(message_s * 1e6),

@@ -1,7 +1,8 @@
 """Microbenchmarks run by every rank of a calibration job (see :mod:`.launch`).
 
 What is measured (all times are the lower quartile of repeats (:func:`typical`), taken
-round-robin over the cases so that a machine whose speed drifts shifts every case alike):
+round-robin over the cases so that a machine whose speed drifts shifts every case alike; compute
+on a one-thread CPU rank is timed in thread CPU time, see :class:`Timer`):
 
 * **linear layers**: the three GEMMs of ``nn.Linear`` — F ``X Wᵀ``, I ``dY W``, W ``dYᵀ X`` — for
   the transformer's QKV, attention output, FFN up/down and LM-head shapes at each hidden size and
@@ -69,11 +70,19 @@ def _dtype(torch, name: str):
 
 
 class Timer:
-    """Wall-clock timing of callables on one device (synchronising CUDA around each sample)."""
+    """Timing of callables on one device (synchronising CUDA around each sample).
 
-    def __init__(self, torch, device):
+    Args:
+        cpu_time: measure the calling thread's CPU time instead of wall-clock time. For compute
+            on a CPU rank with one torch thread this is the kernel's own cost, which other
+            processes sharing the cores cannot inflate (they only delay it in wall time; a
+            validation run measures that slowdown separately with its probes).
+    """
+
+    def __init__(self, torch, device, cpu_time: bool = False):
         self.torch = torch
         self.cuda = device.type == "cuda"
+        self.clock = time.thread_time if cpu_time and not self.cuda else time.perf_counter
 
     def sync(self) -> None:
         if self.cuda:
@@ -82,11 +91,11 @@ class Timer:
     def once(self, fn: Callable[[], object], inner: int = 1) -> float:
         """Seconds of one call of ``fn`` (averaged over ``inner`` back-to-back calls)."""
         self.sync()
-        t0 = time.perf_counter()
+        t0 = self.clock()
         for _ in range(inner):
             fn()
         self.sync()
-        return (time.perf_counter() - t0) / inner
+        return (self.clock() - t0) / inner
 
     def round_robin(
         self, cases: list[Callable[[], object]], repeats: int, progress: Callable[[int], None] | None = None,
@@ -326,7 +335,7 @@ def compute_benchmarks(ctx: RankContext, spec: dict, progress: Progress) -> dict
     hidden = spec.get("hidden") or grid[0]
     tokens = spec.get("tokens") or grid[1]
     repeats = spec["repeats"]
-    timer = Timer(torch, dev)
+    timer = Timer(torch, dev, cpu_time=ctx.threads == 1)
     out: dict = {}
 
     seq_len, head_dim, _ = grid[3][0]

@@ -332,8 +332,9 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
     """The ``validate`` job on one rank: every requested schedule, measured; rank 0 returns all.
 
     The schedules are stepped round-robin (after ``warmup`` steps each, ``steps`` rounds of one
-    step of every schedule), each step preceded by the speed probe, so that a machine whose speed
-    drifts affects all schedules alike.
+    step of every schedule), each step preceded by the speed probe (and the last followed by one),
+    so that a machine whose speed drifts affects all schedules alike and each step's speed is
+    known.
 
     Args:
         spec: ``device``, ``schedules`` (names), ``model`` (:class:`ValidationModel` fields),
@@ -385,6 +386,8 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
             run.probes.append(probe())
             run.recorder.events.clear()
             run.times.append(timed_step(ctx, run.train_step))
+    for run in runs:  # the probe after each schedule's last step
+        run.probes.append(probe())
 
     out: dict = {}
     for run in runs:
@@ -490,23 +493,33 @@ def compare(result: dict, hardware: HardwareProfile, correct_speed: bool = True)
     Args:
         result: rank 0's result of the ``validate`` job.
         hardware: the profile.
-        correct_speed: predict at the machine speed the probes measured during each schedule's
-            steps (``speed_factor`` = median probe time / the profile's probe time); otherwise at
-            the profile's speed (factor 1).
+        correct_speed: predict each step at the machine speed the probes measured around it
+            (probe time / the profile's probe time, mean of the probes before and after the step)
+            and report the median prediction; otherwise predict at the profile's speed (factor 1).
+            ``speed_factor`` is the median factor.
     """
     cfg = ValidationModel(**result["model"])
     keys = {k: [tuple(x) for x in v] for k, v in result["probe_keys"].items()}
     expected_probe = probe_seconds(keys, hardware)
     rows = []
     for name, measured in result["schedules"].items():
-        factor = statistics.median(measured["probe_s"]) / expected_probe if correct_speed else 1.0
-        run = predict(name, measured, cfg, at_speed(hardware, factor), result["world"])
+        probes = measured["probe_s"]
+        # each step runs at the mean speed of the probes just before and just after it
+        factors = [(probes[i] + probes[i + 1]) / 2 / expected_probe if correct_speed else 1.0
+                   for i in range(len(measured["step_times_s"]))]
+        cache: dict[float, object] = {}
+        for f in factors:
+            key = round(f, 3)
+            if key not in cache:
+                cache[key] = predict(name, measured, cfg, at_speed(hardware, key), result["world"])
+        run = cache[round(factors[0], 3)]
         mem = run.result.memory
         static = mem[mem["time_s"] == 0].groupby("rank")["bytes"].first()
         predicted_act = float((mem.groupby("rank")["bytes"].max() - static).max())
         measured_step = statistics.median(measured["step_times_s"])
         measured_act = float(max(measured["activation_peak_bytes"]))
-        predicted_step = run.report.step_time_s
+        predicted_step = statistics.median(cache[round(f, 3)].report.step_time_s for f in factors)
+        factor = statistics.median(factors)
         rows.append(Row(
             schedule=name, speed_factor=factor, measured_step_s=measured_step, predicted_step_s=predicted_step,
             step_error=predicted_step / measured_step - 1,

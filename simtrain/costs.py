@@ -13,7 +13,8 @@ achieved FLOP/s for that linear layer's pass and shape, and attention's by the a
 (peak x efficiency unless calibrated). Calibrated profiles add memory-bound kernels (norms,
 activation function, residual adds, the loss softmax, gradient accumulation over microbatches:
 bytes moved / the measured bandwidth of their class) and scale every F by the measured ratio of
-a whole layer's time to the sum of its kernels (``layer_slowdown``; I and W likewise with B's).
+a whole layer's time to the sum of its kernels (``layer_slowdown``: F; a full backward B; and I and
+W as the runtime splits the backward, which may cost more than B).
 
 Activation memory (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models", §4): the tensors each layer stores for its backward, counted element by
@@ -70,6 +71,8 @@ class ChunkCost:
         weight_grad_bytes: bytes of that which W still needs after I (freed by W).
         p2p_bytes: bytes of the activation this chunk sends on (= the gradient it receives).
         params: parameters held by this GPU for this chunk.
+        full_backward_s: seconds of a full backward B when it differs from I + W (a runtime whose
+            split backward costs more than a full one, see ``layer_slowdown``); None means I + W.
     """
 
     chunk: int
@@ -88,10 +91,13 @@ class ChunkCost:
     weight_grad_bytes: float
     p2p_bytes: float
     params: float
+    full_backward_s: float | None = None
 
     @property
     def backward_s(self) -> float:
-        """Full backward compute seconds: B = I + W."""
+        """Full backward compute seconds: B = I + W (unless ``full_backward_s`` says otherwise)."""
+        if self.full_backward_s is not None:
+            return self.full_backward_s
         return self.backward_input_s + self.backward_weight_s
 
     @property
@@ -143,6 +149,7 @@ class StageCosts:
                 backward_weight_s=backward_weight_s,
                 tp_forward_s=0.0,
                 tp_backward_s=0.0,
+                full_backward_s=None,
             )
             for c in self.chunks
         )
@@ -350,8 +357,9 @@ def stage_costs(
     elem = parallel.dtype_bytes
     dtype = parallel.dtype
     hardware.achieved_flops(dtype)  # an unknown dtype is an error even with calibrated tables
-    slow_f = hardware.layer_slowdown.get("F", 1.0)
-    slow_b = hardware.layer_slowdown.get("B", 1.0)
+    slow = hardware.layer_slowdown
+    slow_f, slow_b = slow.get("F", 1.0), slow.get("B", 1.0)
+    slow_i, slow_w = slow.get("I", slow_b), slow.get("W", slow_b)
     weight_bytes = 2 if elem == 2 else 4  # 16-bit weights and gradients in mixed precision
     # gradient accumulation over microbatches: grad += new (2 reads, 1 write) after the first
     accumulate = (parallel.microbatches - 1) / parallel.microbatches * 3 * weight_bytes
@@ -428,8 +436,8 @@ def stage_costs(
                 has_embedding=has_emb,
                 has_head=has_head,
                 forward_s=f_s * slow_f,
-                backward_input_s=(i_s + recompute_s) * slow_b,
-                backward_weight_s=w_s * slow_b,
+                backward_input_s=(i_s + recompute_s) * slow_i,
+                backward_weight_s=w_s * slow_w,
                 tp_forward_s=tp_f,
                 tp_backward_s=tp_f * (2 if parallel.recompute == "full" else 1),
                 forward_flops=f_flops,
@@ -439,6 +447,7 @@ def stage_costs(
                 weight_grad_bytes=w,
                 p2p_bytes=hidden_bytes / (tp if parallel.sequence_parallel else 1),
                 params=params,
+                full_backward_s=(i_s + recompute_s + w_s) * slow_b if (slow_i, slow_w) != (slow_b, slow_b) else None,
             )
         )
 

@@ -110,9 +110,10 @@ class ComputeFile(_Strict):
         default_factory=dict, description="bandwidth of memory-bound kernels per class, in the bytes the cost "
         "model counts: norms, activation functions and the loss softmax, adds (residual, gradient accumulation)"
     )
-    layer_slowdown: dict[Literal["F", "B"], float] = Field(
+    layer_slowdown: dict[Literal["F", "B", "I", "W"], float] = Field(
         default_factory=dict, description="measured time of a whole transformer layer / the sum of its "
-        "kernels' times, for the forward (F) and backward (B, applied to I and W)"
+        "kernels' times, for the forward (F), a full backward (B) and a split backward's I and W "
+        "(default: B's)"
     )
     action_overhead_us: float = Field(
         default=0.0, ge=0, description="framework time added to every pipeline action (F, B, I, W)"
@@ -214,8 +215,8 @@ class HardwareProfile:
         elementwise_bytes_per_s: bandwidth of memory-bound kernels per class (``norm``,
             ``activation``, ``add``); empty leaves them out of the cost model
             (``compute.elementwise_gb_per_s``).
-        layer_slowdown: whole-layer time / kernel-sum time per pass ``F`` and ``B``; 1 when absent
-            (``compute.layer_slowdown``).
+        layer_slowdown: whole-layer time / kernel-sum time per pass ``F``, ``B``, ``I``, ``W``; 1
+            when absent, I and W default to B (``compute.layer_slowdown``).
         action_overhead_s: framework seconds added to every pipeline action
             (``compute.action_overhead_us``).
         message_overhead_s: seconds a p2p message adds to its sending and its receiving action

@@ -106,9 +106,9 @@ def _with_layers_and_overheads(meas: dict, slowdown: dict, action_s: float, mess
                          sequence_parallel=False)
     layer = stage_costs(spec, par, hw, 3).chunks[1]
     f = layer.forward_s * slowdown["F"]
-    layers = [dict(hidden=256, tokens=256, seq_len=128, heads=4, kind="F", layers=4, seconds=f),
-              dict(hidden=256, tokens=256, seq_len=128, heads=4, kind="FB", layers=4,
-                   seconds=f + layer.backward_s * slowdown["B"])]
+    i = layer.backward_input_s * slowdown["I"]
+    times = dict(F=f, FB=f + layer.backward_s * slowdown["B"], FI=f + i, FIW=f + i + layer.backward_weight_s * slowdown["W"])
+    layers = [dict(hidden=256, tokens=256, seq_len=128, heads=4, kind=k, layers=4, seconds=v) for k, v in times.items()]
     truth = dataclasses.replace(hw, action_overhead_s=action_s, message_overhead_s=message_s)
     runs = []
     for name, per_rank in (("gpipe", 1), ("interleaved1f1b", 2)):
@@ -141,7 +141,7 @@ def load_profile_from(data: dict, tmp=None):
 
 
 def test_build_profile_recovers_every_fitted_value():
-    meas = _with_layers_and_overheads(_synthetic_measurements(0, 0), dict(F=1.07, B=1.03), 100e-6, 600e-6)
+    meas = _with_layers_and_overheads(_synthetic_measurements(0, 0), dict(F=1.07, B=1.03, I=1.12, W=1.09), 100e-6, 600e-6)
     data = build_profile(meas, None, quick=True)
     hw = load_profile_from(data)
     assert hw.linear_flops_per_s(256, 256, 1024, "I", "fp32") == pytest.approx(90e9, rel=1e-3)
@@ -151,7 +151,7 @@ def test_build_profile_recovers_every_fitted_value():
     assert hw.intra_node.latency_s == pytest.approx(120e-6, rel=1e-3)
     assert hw.intra_node.bandwidth_bytes_per_s == pytest.approx(3e9, rel=1e-3)
     assert hw.hbm_bandwidth_bytes_per_s == pytest.approx(20e9, rel=1e-3)
-    assert hw.layer_slowdown == pytest.approx(dict(F=1.07, B=1.03), rel=2e-3)
+    assert hw.layer_slowdown == pytest.approx(dict(F=1.07, B=1.03, I=1.12, W=1.09), rel=2e-3)
     assert hw.action_overhead_s == pytest.approx(100e-6, rel=0.02)
     assert hw.message_overhead_s == pytest.approx(600e-6, rel=0.02)
     assert hw.processors_per_node == 2 and hw.peak_flops["bf16"] == pytest.approx(0.01e12)
@@ -164,7 +164,7 @@ def test_build_profile_recovers_every_fitted_value():
 
 
 def test_write_profile_never_overwrites_without_force(tmp_path):
-    meas = _with_layers_and_overheads(_synthetic_measurements(0, 0), dict(F=1.0, B=1.0), 0.0, 300e-6)
+    meas = _with_layers_and_overheads(_synthetic_measurements(0, 0), dict(F=1.0, B=1.0, I=1.0, W=1.0), 0.0, 300e-6)
     data = build_profile(meas, None, quick=True)
     path = tmp_path / "cpu.yaml"
     write_profile(path, data, force=False)
@@ -178,7 +178,7 @@ def test_write_profile_never_overwrites_without_force(tmp_path):
 
 
 def test_base_profile_keeps_unmeasured_fabric(tmp_path):
-    meas = _with_layers_and_overheads(_synthetic_measurements(0, 0), dict(F=1.0, B=1.0), 0.0, 0.0)
+    meas = _with_layers_and_overheads(_synthetic_measurements(0, 0), dict(F=1.0, B=1.0, I=1.0, W=1.0), 0.0, 0.0)
     data = build_profile(meas, "h100-sxm", quick=False)
     hw = load_profile_from(data)
     h100 = load_profile("h100-sxm")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -44,9 +45,11 @@ def _ints(flag: str, text: str | None) -> list[int] | None:
 
 
 def _check_device(device: str, world: int | None, torch) -> int:
-    """Validate --device and --world; return the world size to spawn."""
+    """Validate --device and --world; return the world size (torchrun's, or the ranks to spawn)."""
     if device not in ("cpu", "cuda"):
         raise SimtrainError(f"--device = {device!r}: choose cpu or cuda")
+    if launch.under_torchrun():
+        return int(os.environ["WORLD_SIZE"])
     if device == "cuda":
         if not torch.cuda.is_available():
             raise SimtrainError("--device cuda: torch sees no CUDA GPU on this machine; use --device cpu")
@@ -64,7 +67,8 @@ def _run(job: str, spec: dict, world: int, timeout_s: float, title: str) -> dict
     """Run ``job`` in place (torchrun) or on spawned local ranks, with a progress bar."""
     columns = (TextColumn(f"{title}: {{task.description}}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
+    quiet = launch.under_torchrun() and os.environ.get("RANK") != "0"  # one progress bar per job
+    with Progress(*columns, console=err, transient=True, disable=quiet) as bar:
         task = bar.add_task("starting", total=None)
 
         def progress(line: str) -> None:
@@ -143,8 +147,8 @@ def _print_calibration(data: dict, path: Path) -> None:
                   + " GB/s", "bytes the cost model counts")
     if "layer_slowdown" in rec:
         slow = rec["layer_slowdown"]
-        worst = max(max(abs(r["forward_error"]), abs(r["backward_error"])) for r in slow["residuals"])
-        table.add_row("whole layer / sum of kernels", f"F {slow['F']:.3f}, B {slow['B']:.3f}",
+        worst = max(r["error"] for r in slow["residuals"])
+        table.add_row("whole layer / sum of kernels", ", ".join(f"{k} {slow[k]:.3f}" for k in "FBIW"),
                       f"{len(slow['residuals'])} shapes, worst {worst:.0%}")
     table.add_row("copy (memory bandwidth)", f"{rec['copy']['gb_per_s']:.1f} GB/s", f"CV {rec['copy']['cv']:.0%}")
     for cls, link in rec.get("links", {}).items():

@@ -12,11 +12,12 @@
   counts for them divided by their measured time (summed over kernels and shapes); each kernel's
   own rate is kept as a residual.
 * Whole layers: ``layer_slowdown`` = measured layer time / the cost model's sum of its kernels
-  (median over shapes, F and B), which the cost model applies: kernels inside a model run slower
-  than alone (caches, allocation, framework work between kernels).
+  (median over shapes; F, a full backward B, and torch's split backward I and W), which the cost
+  model applies: kernels inside a model run slower than alone (caches, allocation, framework work
+  between kernels), and a split backward costs more than a full one.
 * Copy: read + write bytes / seconds, the profile's memory bandwidth (optimizer step).
 * Per-action and per-message overheads: the values with which simtrain's own simulation of the
-  trivial pipelines (two torch runtimes, two microbatch counts, each in the order its ranks
+  trivial pipelines (three torch schedules, two microbatch counts, each in the order its ranks
   ran) reproduces their measured step times (non-negative least squares; the simulated step is
   linear in both), so p2p latency is not counted twice.
 """
@@ -156,7 +157,7 @@ def elementwise_fit(points: list[dict]) -> tuple[dict[str, float], list[dict]]:
 
 
 def layer_slowdown_fit(profile_data: dict, points: list[dict], dtype: str) -> tuple[dict[str, float], list[dict]]:
-    """Measured time of a whole layer / the cost model's sum of its kernels, for F and B.
+    """Measured time of a whole layer / the cost model's sum of its kernels, for F, B, I and W.
 
     The cost model's layer comes from :func:`simtrain.costs.stage_costs` on a 3-layer model cut
     in 3 (the middle chunk is one plain layer) with the profile being built (without slowdown);
@@ -176,12 +177,14 @@ def layer_slowdown_fit(profile_data: dict, points: list[dict], dtype: str) -> tu
         par = ParallelConfig(microbatches=10**6, microbatch_size=max(1, t // s), seq_len=s, dtype=dtype,
                              recompute="selective", sequence_parallel=False)
         layer = stage_costs(spec, par, hw, 3).chunks[1]
-        ratios.append(((h, t), m["F"] / layer.forward_s, (m["FB"] - m["F"]) / layer.backward_s))
-    factors = dict(F=float(np.median([r[1] for r in ratios])), B=float(np.median([r[2] for r in ratios])))
+        measured = dict(F=m["F"], B=m["FB"] - m["F"], I=m["FI"] - m["F"], W=m["FIW"] - m["FI"])
+        predicted = dict(F=layer.forward_s, B=layer.backward_s, I=layer.backward_input_s, W=layer.backward_weight_s)
+        ratios.append(((h, t), {k: measured[k] / predicted[k] for k in measured}))
+    factors = {k: float(np.median([r[k] for _, r in ratios])) for k in ("F", "B", "I", "W")}
     residuals = [
-        dict(hidden=h, tokens=t, forward_ratio=_sig(f), backward_ratio=_sig(b),
-             forward_error=_sig(factors["F"] / f - 1), backward_error=_sig(factors["B"] / b - 1))
-        for (h, t), f, b in ratios
+        dict(hidden=h, tokens=t, **{f"{k}_ratio": _sig(r[k]) for k in factors},
+             error=_sig(max(abs(factors[k] / r[k] - 1) for k in factors)))
+        for (h, t), r in ratios
     ]
     return factors, residuals
 
@@ -403,7 +406,7 @@ def build_profile(meas: dict, base: str | None, quick: bool) -> dict:
     if compute.get("layer"):
         slowdown, slowdown_res = layer_slowdown_fit(data, compute["layer"], dtype)
         compute_section["layer_slowdown"] = {k: _sig(v) for k, v in slowdown.items()}
-        record["layer_slowdown"] = dict(F=_sig(slowdown["F"]), B=_sig(slowdown["B"]), residuals=slowdown_res)
+        record["layer_slowdown"] = dict(**{k: _sig(v) for k, v in slowdown.items()}, residuals=slowdown_res)
     action_s, message_s, overhead_res = 0.0, 0.0, []
     if meas.get("overhead", {}).get("runs"):
         action_s, message_s, overhead_res = fit_overheads(data, meas["overhead"])

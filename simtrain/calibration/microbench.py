@@ -25,7 +25,7 @@ on a one-thread CPU rank is timed in thread CPU time, see :class:`Timer`):
   node and, with several nodes, across nodes; all-reduce and all-to-all over all ranks; for a
   range of message sizes.
 * **per-action and per-message overhead**: steps of trivial pipelines (one tiny linear layer per
-  stage) run by two torch runtimes (GPipe, Interleaved1F1B) for two microbatch counts;
+  stage) run by three torch schedules (GPipe, Interleaved1F1B, ZBVZeroBubble) for two microbatch counts;
   :mod:`.fit` finds the per-action and per-message times with which the simulator reproduces them.
 
 :func:`run_rank` returns, on rank 0, a JSON-able dict of raw measurements; :mod:`.fit` turns it
@@ -294,12 +294,16 @@ def transformer_layer(torch, hidden: int, heads: int, ffn: int):
 
 
 def layer_cases(torch, device, dtype, hidden: list[int], tokens: list[int], seq_len: int, head_dim: int):
-    """Whole transformer layers per (h, tokens): forward (``F``), and forward + backward with
-    gradient accumulation (``FB``; the backward is their difference).
+    """Whole transformer layers per (h, tokens): forward (``F``), forward + full backward with
+    gradient accumulation (``FB``), and forward + the backward split as torch's zero-bubble runtime
+    splits it (``torch.distributed.pipelining``'s ``stage_backward_input``: ``FI``; then
+    ``stage_backward_weight``: ``FIW``). B, I and W are the differences.
 
     Each case runs a stack of layers larger than the cache (so weights are read cold, as in a
     stage) and reports per-layer seconds. Keys ``(hidden, tokens, seq_len, heads, pass, layers)``.
     """
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
     keys, fns = [], []
     elem = torch.tensor([], dtype=dtype).element_size()
     for h in hidden:
@@ -317,12 +321,21 @@ def layer_cases(torch, device, dtype, hidden: list[int], tokens: list[int], seq_
                     y = layer(y)
                 return y
 
+            params = [p for layer in layers for p in layer.parameters()]
+
             def forward_backward(forward=forward):
                 y = forward()
                 y.backward(torch.ones_like(y))
 
-            keys += [(h, t, s, heads, "F", count), (h, t, s, heads, "FB", count)]
-            fns += [forward, forward_backward]
+            def forward_input(forward=forward, params=params, x=x):
+                y = forward()
+                return stage_backward_input([y], [torch.ones_like(y)], [x], iter(params))[1]
+
+            def forward_input_weight(forward_input=forward_input, params=params):
+                stage_backward_weight(iter(params), forward_input())
+
+            keys += [(h, t, s, heads, kind, count) for kind in ("F", "FB", "FI", "FIW")]
+            fns += [forward, forward_backward, forward_input, forward_input_weight]
     return keys, fns
 
 
@@ -481,12 +494,13 @@ def _synchronised_round_robin(ctx: RankContext, timer: Timer, cases, repeats: in
 
 # ----------------------------------------------------------------------------- per-action overhead
 OVERHEAD_MICROBATCHES = (4, 16)
-OVERHEAD_SCHEDULES = ("gpipe", "interleaved1f1b")
+OVERHEAD_SCHEDULES = ("gpipe", "interleaved1f1b", "zbvzerobubble")
 """torch runtimes whose trivial pipelines calibrate the per-action and per-message overheads: the
-single-stage runtime (GPipe) and the multi-stage one (Interleaved1F1B), which issue one call per
-send or receive and cost about the same per message here. ``Schedule1F1B`` fuses a send and a
-receive into one call (about half the cost per message on gloo); simtrain does not model that
-fusion, so it over-estimates 1F1B's overhead slightly."""
+single-stage runtime (GPipe) and the multi-stage one (Interleaved1F1B, about one message per
+action like GPipe; ZBVZeroBubble, whose V placement passes half the activations within a rank,
+which separates per-action from per-message cost, with split I/W actions). ``Schedule1F1B`` fuses
+a send and a receive into one call (about half the cost per message on gloo); simtrain does not
+model that fusion, so it over-estimates 1F1B's overhead slightly."""
 
 
 def overhead_benchmark(ctx: RankContext, spec: dict, progress: Progress) -> dict:

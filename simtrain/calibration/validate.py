@@ -246,17 +246,19 @@ def at_speed(hardware: HardwareProfile, factor: float) -> HardwareProfile:
 
 
 class Recorder:
-    """Wraps a stage's forward/backward calls to record the actions it runs, with timestamps."""
+    """Wraps a stage's forward/backward calls to record the actions it runs: ``(action text,
+    wall start, wall end, thread CPU seconds)``."""
 
     def __init__(self):
-        self.events: list[tuple[str, float, float]] = []
+        self.events: list[tuple[str, float, float, float]] = []
 
     def wrap(self, stage) -> None:
         def wrapped(method, kind_of: Callable[..., str]):
             def call(chunk, *args, **kwargs):
-                t0 = time.perf_counter()
+                c0, t0 = time.thread_time(), time.perf_counter()
                 out = method(chunk, *args, **kwargs)
-                self.events.append((f"{stage.stage_index}{kind_of(kwargs)}{chunk}", t0, time.perf_counter()))
+                t1, c1 = time.perf_counter(), time.thread_time()
+                self.events.append((f"{stage.stage_index}{kind_of(kwargs)}{chunk}", t0, t1, c1 - c0))
                 return out
             return call
 
@@ -302,6 +304,7 @@ class _TorchRun:
         self.kwargs = dict(target=target) if n_stages - 1 in mine else {}
         self.times: list[float] = []
         self.probes: list[float] = []
+        self.busy: list[tuple[float, float]] = []  # per step: (wall, thread CPU) seconds in actions
 
     def train_step(self) -> None:
         """``schedule.step()``, the optimizer step and ``zero_grad``."""
@@ -386,6 +389,7 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
             run.probes.append(probe())
             run.recorder.events.clear()
             run.times.append(timed_step(ctx, run.train_step))
+            run.busy.append((sum(e[2] - e[1] for e in run.recorder.events), sum(e[3] for e in run.recorder.events)))
     for run in runs:  # the probe after each schedule's last step
         run.probes.append(probe())
 
@@ -393,14 +397,14 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
     for run in runs:
         executed = [e[0] for e in run.recorder.events]  # the last measured step
         durations: dict[str, list[float]] = {}
-        for text, t0, t1 in run.recorder.events:
+        for text, t0, t1, _ in run.recorder.events:
             act = parse_action(text)
             durations.setdefault(f"{act.stage}{act.kind}", []).append(t1 - t0)
         ctx.barrier()
         peak = run.activation_peak()
         ctx.barrier()
         gathered: list = [None] * ctx.world
-        dist.all_gather_object(gathered, dict(executed=executed, peak=peak, probes=run.probes,
+        dist.all_gather_object(gathered, dict(executed=executed, peak=peak, probes=run.probes, busy=run.busy,
                                               durations={k: statistics.median(v) for k, v in durations.items()}))
         recorded = [r["executed"] for r in gathered]
         out[run.name] = dict(
@@ -410,9 +414,14 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
             stage_to_rank=run.placement,
             action_s={k: v for r in gathered for k, v in r["durations"].items()},
             probe_s=[statistics.median(step) for step in zip(*(r["probes"] for r in gathered))],
+            # per step, wall / thread CPU time of all ranks' actions: how much other processes
+            # delayed the compute (1 when the ranks had their cores to themselves)
+            preemption=[sum(b[0] for b in step) / sum(b[1] for b in step)
+                        for step in zip(*(r["busy"] for r in gathered))],
         )
     progress(f"done|{total}|{total}")
     return dict(schedules=out, world=ctx.world, model=spec["model"],
+                cpu_time_profile=dev.type == "cpu" and ctx.threads == 1,
                 probe_keys={k: [list(x) for x in v] for k, v in probe_keys.items()})
 
 
@@ -493,9 +502,11 @@ def compare(result: dict, hardware: HardwareProfile, correct_speed: bool = True)
     Args:
         result: rank 0's result of the ``validate`` job.
         hardware: the profile.
-        correct_speed: predict each step at the machine speed the probes measured around it
-            (probe time / the profile's probe time, mean of the probes before and after the step)
-            and report the median prediction; otherwise predict at the profile's speed (factor 1).
+        correct_speed: predict each step at the speed the machine ran it and report the median
+            prediction; otherwise predict at the profile's speed (factor 1). On a one-thread CPU
+            rank (whose profile is in CPU time) the factor is the step's wall / CPU time of the
+            ranks' actions, i.e. how much other processes delayed them; elsewhere it is the probe
+            time (mean of the probes before and after the step) / the profile's probe time.
             ``speed_factor`` is the median factor.
     """
     cfg = ValidationModel(**result["model"])
@@ -504,9 +515,14 @@ def compare(result: dict, hardware: HardwareProfile, correct_speed: bool = True)
     rows = []
     for name, measured in result["schedules"].items():
         probes = measured["probe_s"]
-        # each step runs at the mean speed of the probes just before and just after it
-        factors = [(probes[i] + probes[i + 1]) / 2 / expected_probe if correct_speed else 1.0
-                   for i in range(len(measured["step_times_s"]))]
+        steps = range(len(measured["step_times_s"]))
+        if not correct_speed:
+            factors = [1.0 for _ in steps]
+        elif result.get("cpu_time_profile"):
+            # a one-thread CPU profile is in CPU time: scale by how much the step was preempted
+            factors = [measured["preemption"][i] for i in steps]
+        else:  # each step runs at the mean speed of the probes just before and just after it
+            factors = [(probes[i] + probes[i + 1]) / 2 / expected_probe for i in steps]
         cache: dict[float, object] = {}
         for f in factors:
             key = round(f, 3)

@@ -11,7 +11,6 @@ from simtrain.calibration.fit import (
     build_profile,
     elementwise_fit,
     fit_alpha_beta,
-    fit_overheads,
     write_profile,
 )
 from simtrain.calibration.validate import (
@@ -22,8 +21,8 @@ from simtrain.calibration.validate import (
     torch_runtime_costs,
 )
 from simtrain.costs import stage_costs
-from simtrain.errors import SimtrainError
-from simtrain.hardware import GB, load_profile
+from simtrain.errors import SimtrainError, validate_model
+from simtrain.hardware import GB, ProfileFile, load_profile, profile_from_file_model
 from simtrain.models import ModelSpec
 from simtrain.parallel import ParallelConfig
 from simtrain.scenario import run_schedule
@@ -134,9 +133,8 @@ def _trivial_orders(name: str, m: int) -> list[list[str]]:
     return [rec["orders"]["0"], rec["orders"]["1"]]
 
 
-def load_profile_from(data: dict, tmp=None):
-    from simtrain.calibration.fit import ProfileFile, profile_from_file_model, validate_model
-
+def load_profile_from(data: dict):
+    """The SI profile of a profile file's contents."""
     return profile_from_file_model(validate_model(ProfileFile, data, "test"))
 
 

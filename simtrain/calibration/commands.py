@@ -182,7 +182,7 @@ def validate(
     warmup: Annotated[int, typer.Option(help="warm-up steps per schedule")] = 2,
     threads: Annotated[int, typer.Option(help="torch threads per rank on cpu")] = 1,
     no_speed_correction: Annotated[bool, typer.Option(
-        "--no-speed-correction", help="predict at the profile's speed, ignoring the speed probes")] = False,
+        "--no-speed-correction", help="predict at the profile's speed, ignoring how much the machine was slowed")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="stop the runs after this many seconds")] = 900,
 ) -> None:

@@ -496,6 +496,29 @@ def predict(name: str, measured: dict, cfg: ValidationModel, hardware: HardwareP
                         runtime=lambda costs: torch_runtime_costs(costs, cfg.vocab))
 
 
+def _self_sharing(name: str, measured: dict, cfg: ValidationModel, hardware: HardwareProfile, world: int,
+                  preemption: float) -> float:
+    """How much longer the simulated actions take because ranks share processors (1 if they do not).
+
+    The simulated counterpart of the measured wall / CPU time: the actions' total duration with the
+    profile's processor sharing over their total without it, at the speed ``preemption`` / that
+    ratio (found by a few fixed-point steps).
+    """
+    if hardware.processors_per_node is None or world <= hardware.processors_per_node:
+        return 1.0
+
+    def busy(hw: HardwareProfile) -> float:
+        trace = predict(name, measured, cfg, hw, world).result.trace
+        actions = trace[trace["kind"].isin(["F", "B", "I", "W"])]
+        return float((actions["end_s"] - actions["start_s"]).sum())
+
+    ratio = 1.0
+    for _ in range(3):
+        hw = at_speed(hardware, max(1.0, preemption / ratio))
+        ratio = busy(hw) / busy(replace(hw, processors_per_node=None))
+    return ratio
+
+
 def compare(result: dict, hardware: HardwareProfile, correct_speed: bool = True) -> list[Row]:
     """Rows of measured against predicted step time and activation peak (max over ranks).
 
@@ -505,7 +528,9 @@ def compare(result: dict, hardware: HardwareProfile, correct_speed: bool = True)
         correct_speed: predict each step at the speed the machine ran it and report the median
             prediction; otherwise predict at the profile's speed (factor 1). On a one-thread CPU
             rank (whose profile is in CPU time) the factor is the step's wall / CPU time of the
-            ranks' actions, i.e. how much other processes delayed them; elsewhere it is the probe
+            ranks' actions, i.e. how much other processes delayed them (divided by how much the
+            simulated ranks delay each other when they outnumber the cores; at least 1); elsewhere
+            it is the probe
             time (mean of the probes before and after the step) / the profile's probe time.
             ``speed_factor`` is the median factor.
     """
@@ -519,8 +544,12 @@ def compare(result: dict, hardware: HardwareProfile, correct_speed: bool = True)
         if not correct_speed:
             factors = [1.0 for _ in steps]
         elif result.get("cpu_time_profile"):
-            # a one-thread CPU profile is in CPU time: scale by how much the step was preempted
-            factors = [measured["preemption"][i] for i in steps]
+            # a one-thread CPU profile is in CPU time: scale by how much other processes delayed
+            # the step's actions; ranks beyond the cores delay each other too, which processor
+            # sharing already simulates, so that part is divided out
+            factors = [max(1.0, measured["preemption"][i] / _self_sharing(name, measured, cfg, hardware, result["world"],
+                                                                            measured["preemption"][i]))
+                       for i in steps]
         else:  # each step runs at the mean speed of the probes just before and just after it
             factors = [(probes[i] + probes[i + 1]) / 2 / expected_probe for i in steps]
         cache: dict[float, object] = {}

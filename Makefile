@@ -1,5 +1,6 @@
 # Two commands on a fresh machine: `make demo` and `make test`. Each creates .venv and installs
-# what it needs. torch (CPU wheel, for calibration tests) is installed by `make test` only.
+# what it needs. torch (the CPU wheel, pinned by TORCH so that pip never picks a multi-GB CUDA
+# build) is installed by `make test` only, for the calibration tests.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -16,7 +17,7 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,calibrate]' '$(TORCH)'
 	touch $@
 
 demo: $(VENV)/.core

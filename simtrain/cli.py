@@ -1,5 +1,6 @@
 """Command line: ``simtrain compare``, ``simtrain export-schedule``, ``simtrain overlay``,
-``simtrain profiles``, ``simtrain models``.
+``simtrain profiles``, ``simtrain models``, and the torch-based ``simtrain calibrate`` and
+``simtrain validate`` (:mod:`simtrain.calibration.commands`).
 
 Every user error ends as one line ``error: ...`` on stderr and exit status 2, never a traceback
 (commands are wrapped by :func:`user_errors`; typer reports unknown flags and bad types with 2).
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .engine import DeadlockError
+from .calibration.commands import calibrate, validate
 from .errors import SimtrainError
 from .export import check_output_path, write_chrome_trace, write_trace_csv
 from .hardware import GB, GiB, TFLOPS, HardwareProfile, available_profiles, load_profile
@@ -123,9 +125,9 @@ class _Settings:
 def _settings(scenario: Path | None, model: str | None, hardware: str | None, overrides: dict,
               op_times: str | None, no_comm: bool) -> _Settings:
     """Merge the scenario file (default: dashboards/default.yaml) with the flags; validate all."""
-    flags_only = scenario is None and (model is not None or hardware is not None)
+    flags_only = scenario is None and model is not None  # --hardware alone: the default scenario on it
     if flags_only:
-        if model is None or hardware is None:
+        if hardware is None:
             raise SimtrainError("give both --model and --hardware (or a scenario file)")
         base = Scenario(model=model, hardware=hardware, schedules=["gpipe", "1f1b"])
         source = "command line"
@@ -430,6 +432,11 @@ def models() -> None:
             str(m.seq_len), f"{m.total_params() / 1e9:.2f}B", f"{m.active_params() / 1e9:.2f}B", published,
         )
     out.print(table)
+
+
+# torch-based commands (the optional `calibrate` extra; torch is imported only when they run)
+app.command()(user_errors(calibrate))
+app.command()(user_errors(validate))
 
 
 def main() -> None:

@@ -8,7 +8,13 @@ Pipeline Parallelism", Table 1): each linear layer of fan-in K and fan-out N cos
 per token in the forward pass (F), the same again for the input gradient (I) and again for the
 weight gradient (W). Attention scores (``Q·Kᵀ`` and ``softmax·V``) cost ``2·s·d`` FLOPs per token
 each in F, twice that in I, and nothing in W (so for GPT: F = sbh(24h+4s), I = sbh(24h+8s),
-W = sbh·24h, the Zero Bubble paper's Table 1). Durations divide by the profile's achieved FLOP/s.
+W = sbh·24h, the Zero Bubble paper's Table 1). Durations divide each GEMM's FLOPs by the profile's
+achieved FLOP/s for that linear layer's pass and shape, and attention's by the attention rate
+(peak x efficiency unless calibrated). Calibrated profiles add memory-bound kernels (norms,
+activation function, residual adds, the loss softmax, gradient accumulation over microbatches:
+bytes moved / the measured bandwidth of their class) and scale every F by the measured ratio of
+a whole layer's time to the sum of its kernels (``layer_slowdown``: F; a full backward B; and I and
+W as the runtime splits the backward, which may cost more than B).
 
 Activation memory (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models", §4): the tensors each layer stores for its backward, counted element by
@@ -73,6 +79,8 @@ class ChunkCost:
         expert_params: how many of ``params`` are routed-expert parameters sharded over EP
             (reduced over the expert-data-parallel group; 0 when ep = 1).
         moe: the chunk cut around its MoE blocks (ep > 1 and at least one MoE layer), else None.
+        full_backward_s: seconds of a full backward B when it differs from I + W (a runtime whose
+            split backward costs more than a full one, see ``layer_slowdown``); None means I + W.
     """
 
     chunk: int
@@ -93,10 +101,13 @@ class ChunkCost:
     params: float
     expert_params: float = 0.0
     moe: MoEChunkCost | None = None
+    full_backward_s: float | None = None
 
     @property
     def backward_s(self) -> float:
-        """Full backward compute seconds: B = I + W."""
+        """Full backward compute seconds: B = I + W (unless ``full_backward_s`` says otherwise)."""
+        if self.full_backward_s is not None:
+            return self.full_backward_s
         return self.backward_input_s + self.backward_weight_s
 
     @property
@@ -175,6 +186,7 @@ class StageCosts:
                 tp_forward_s=0.0,
                 tp_backward_s=0.0,
                 moe=None,
+                full_backward_s=None,
             )
             for c in self.chunks
         )
@@ -192,6 +204,8 @@ class _LayerShape:
     score_bytes: float  # attention-score bytes per token (dropped by selective recomputation)
     w_bytes: float  # bytes per token that W needs after I
     input_bytes: float  # layer input bytes per token (what full recomputation stores)
+    ew_forward: dict[str, float]  # bytes per token memory-bound kernels move in F, per class
+    ew_backward: dict[str, float]  # ... and in I (W runs GEMMs only)
 
 
 def _linear_layers(model: ModelSpec, layer: int) -> list[tuple[int, int, float]]:
@@ -265,6 +279,12 @@ def _layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int)
     ffn += mask * h
     # What W needs after I: every linear layer's input and the gradient of its output.
     w_bytes = sum((k + n) * mult for k, n, mult in gemms) * elem
+    # Memory-bound kernels (each reads its inputs and writes its output once), per class: two
+    # norms (F: x -> y; backward: x, dy -> dx), the FFN activation (GeLU F: 1 + 1, backward:
+    # 2 + 1; SwiGLU F: 2 + 1, backward: 3 + 2) over every token's expert widths, and two residual
+    # adds (F: 2 reads, 1 write; backward: the two gradient branches summed).
+    width = _ffn_width(model, layer)
+    act_f, act_b = (3 * width, 5 * width) if model.activation == "swiglu" else (2 * width, 3 * width)
     return _LayerShape(
         gemm_flops=gemm_flops / tp,
         attn_flops=attn_flops / tp,
@@ -272,7 +292,45 @@ def _layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int)
         score_bytes=scores / tp,
         w_bytes=w_bytes / tp,
         input_bytes=h * elem / tp,
+        ew_forward=dict(norm=4 * h * elem / tp, activation=act_f * elem / tp, add=6 * h * elem / tp),
+        ew_backward=dict(norm=6 * h * elem / tp, activation=act_b * elem / tp, add=6 * h * elem / tp),
     )
+
+
+def _elementwise_s(bytes_by_class: dict[str, float], hardware: HardwareProfile) -> float:
+    """Seconds of memory-bound kernels moving ``bytes_by_class`` (0 for classes the profile lacks)."""
+    rates = hardware.elementwise_bytes_per_s
+    return sum(n / rates[k] for k, n in bytes_by_class.items() if k in rates)
+
+
+def _ffn_width(model: ModelSpec, layer: int) -> float:
+    """FFN intermediate elements one token passes through in ``layer`` (all its experts)."""
+    if model.is_moe_layer(layer):
+        moe = model.moe
+        return moe.expert_ffn_hidden_size * (moe.top_k + moe.num_shared_experts)
+    return model.ffn_hidden_size
+
+
+def _gemm_seconds(
+    gemms: list[tuple[int, int, float]], rows: float, tp: int, h: int, hardware: HardwareProfile, dtype: str
+) -> tuple[float, float, float]:
+    """Seconds of F, I and W of ``gemms`` (fan_in, fan_out, multiplicity) over ``rows`` tokens.
+
+    Each linear layer ``Y = X Wᵀ`` of ``m`` tokens costs ``2·m·fan_in·fan_out`` FLOPs in each of
+    F, I (``dX = dY W``) and W (``dW = dYᵀ X``), each at the profile's rate for that pass and shape
+    (:meth:`HardwareProfile.linear_flops_per_s`). With tensor parallelism a layer whose fan-in is
+    the hidden size is column-parallel (fan_out / tp), the others row-parallel (fan_in / tp)
+    (Megatron-LM, Shoeybi et al. 2019 §3).
+    """
+    f = i = w = 0.0
+    for k, n, mult in gemms:
+        m = rows * mult
+        k_, n_ = (k, n / tp) if k == h else (k / tp, n)
+        flops = 2 * m * k_ * n_
+        f += flops / hardware.linear_flops_per_s(m, k_, n_, "F", dtype)
+        i += flops / hardware.linear_flops_per_s(m, k_, n_, "I", dtype)
+        w += flops / hardware.linear_flops_per_s(m, k_, n_, "W", dtype)
+    return f, i, w
 
 
 def split_layers(num_layers: int, num_chunks: int) -> list[int]:
@@ -334,7 +392,16 @@ def stage_costs(
     b = parallel.microbatch_size
     tokens = b * s
     elem = parallel.dtype_bytes
-    rate = hardware.achieved_flops(parallel.dtype)
+    dtype = parallel.dtype
+    hardware.achieved_flops(dtype)  # an unknown dtype is an error even with calibrated tables
+    slow = hardware.layer_slowdown
+    slow_f, slow_b = slow.get("F", 1.0), slow.get("B", 1.0)
+    slow_i, slow_w = slow.get("I", slow_b), slow.get("W", slow_b)
+    weight_bytes = 2 if elem == 2 else 4  # 16-bit weights and gradients in mixed precision
+    # gradient accumulation over microbatches: grad += new (2 reads, 1 write) after the first
+    accumulate = (parallel.microbatches - 1) / parallel.microbatches * 3 * weight_bytes
+    attn_f_rate = hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=False)
+    attn_b_rate = hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=True)
     topo = Topology(hardware, parallel)
     route = topo.tp_route()
     hidden_bytes = tokens * model.hidden_size * elem  # one full s*b*h tensor
@@ -353,7 +420,7 @@ def stage_costs(
         first += n
         has_emb, has_head = c == 0, c == num_chunks - 1
         gemm = attn = act = w = 0.0
-        recompute_flops = 0.0
+        f_s = i_s = w_s = recompute_s = 0.0
         params = expert_params = 0.0
         layer_flops = []
         for layer in layers:
@@ -361,14 +428,21 @@ def stage_costs(
             layer_flops.append((layer, ls.gemm_flops * tokens, ls.attn_flops * tokens))
             gemm += ls.gemm_flops * tokens
             attn += ls.attn_flops * tokens
+            gf, gi, gw = _gemm_seconds(_linear_layers(model, layer), tokens, tp, model.hidden_size, hardware, dtype)
+            attn_f = ls.attn_flops * tokens / attn_f_rate
+            ew_f = _elementwise_s({k: v * tokens for k, v in ls.ew_forward.items()}, hardware)
+            ew_b = _elementwise_s({k: v * tokens for k, v in ls.ew_backward.items()}, hardware)
+            f_s += gf + attn_f + ew_f
+            i_s += gi + 2 * ls.attn_flops * tokens / attn_b_rate + ew_b
+            w_s += gw
             stored = ls.act_bytes + (ls.score_bytes if parallel.recompute == "none" else 0.0)
             if parallel.recompute == "full":
                 act += ls.input_bytes * tokens
-                recompute_flops += (ls.gemm_flops + ls.attn_flops) * tokens
+                recompute_s += gf + attn_f + ew_f
             else:
                 act += stored * tokens
                 if parallel.recompute == "selective":
-                    recompute_flops += ls.attn_flops * tokens
+                    recompute_s += attn_f
             w += ls.w_bytes * tokens
             layer_params, layer_experts = gpu_layer_params(model, layer, parallel)
             params += layer_params
@@ -383,9 +457,15 @@ def stage_costs(
             if model.tied_embeddings and num_chunks > 1:
                 params += v * h / tp  # the last stage keeps its own copy of the tied matrix
             gemm += 2 * h * v / tp * tokens
+            gf, gi, gw = _gemm_seconds([(h, v, 1.0)], tokens, tp, h, hardware, dtype)
+            # final norm (F 2h, backward 3h) and the fp32 softmax cross-entropy (F 2v, backward 3v)
+            ew_f = _elementwise_s(dict(norm=tokens * 2 * h * elem / tp, activation=tokens * 2 * 4 * v / tp), hardware)
+            ew_b = _elementwise_s(dict(norm=tokens * 3 * h * elem / tp, activation=tokens * 3 * 4 * v / tp), hardware)
+            f_s, i_s, w_s = f_s + gf + ew_f, i_s + gi + ew_b, w_s + gw
             # norm and head input, fp32 logits for the loss (Korthikanti et al. 2022 §4.3)
             act += tokens * (2 * h * elem / tp + 4 * v / tp)
             w += tokens * (h + v / tp) * elem
+        w_s += _elementwise_s(dict(add=accumulate * params), hardware)
         f_flops = gemm + attn
         i_flops = gemm + 2 * attn
         w_flops = gemm
@@ -399,9 +479,9 @@ def stage_costs(
                 layers=layers,
                 has_embedding=has_emb,
                 has_head=has_head,
-                forward_s=f_flops / rate + extra_f,
-                backward_input_s=(i_flops + recompute_flops) / rate + extra_i,
-                backward_weight_s=w_flops / rate + extra_w,
+                forward_s=f_s * slow_f + extra_f,
+                backward_input_s=(i_s + recompute_s) * slow_i + extra_i,
+                backward_weight_s=w_s * slow_w + extra_w,
                 tp_forward_s=tp_f,
                 tp_backward_s=tp_f * (2 if parallel.recompute == "full" else 1),
                 forward_flops=f_flops,
@@ -413,12 +493,11 @@ def stage_costs(
                 params=params,
                 expert_params=expert_params,
                 moe=moe,
+                full_backward_s=(i_s + recompute_s + w_s) * slow_b if (slow_i, slow_w) != (slow_b, slow_b) else None,
             )
         )
 
-    mixed = elem == 2
-    weight_bytes = 2 if mixed else 4
-    optimizer_bytes = 12 if mixed else 8
+    optimizer_bytes = 12 if elem == 2 else 8
     shard = parallel.dp if parallel.zero_stage >= 1 else 1
     expert_shard = parallel.dp * tp // parallel.ep if parallel.zero_stage >= 1 else 1
     return StageCosts(

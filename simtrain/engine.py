@@ -13,6 +13,12 @@ The engine knows tasks, streams, resources and memory deltas, nothing about sche
   would end both at 2T. The time a port is busy, and when the last transfer ends, are the same.
 * Memory deltas (bytes, per rank) are applied when a task starts or ends; the engine keeps a
   memory timeline per rank starting from each rank's static memory.
+* Shared processors: a task may name a *processor pool* of the graph (``TaskGraph.pools``, name ->
+  number of processors). Its duration is then work, done at rate ``min(1, processors / running)``
+  while ``running`` tasks of the pool are in progress (egalitarian processor sharing, Kleinrock
+  1967, "Time-shared systems: a theoretical treatment", JACM 14(2)): one task on a free pool takes
+  its duration; two equal tasks that start together on a one-processor pool both end at twice
+  their duration. This models ranks that outnumber the cores or GPUs running them.
 
 The engine is deterministic: the same graph gives the same trace. If some tasks can never run
 (a dependency cycle or a stream order that waits on itself), :func:`simulate` raises
@@ -55,6 +61,7 @@ class Task:
         nbytes: bytes it moves (communication) or 0.
         peer: the other rank of a point-to-point transfer, if any.
         mem_start, mem_end: ``(rank, delta_bytes)`` pairs applied at start and at end.
+        pool: name of the shared processor pool its duration runs on, or None (its own).
     """
 
     tid: int
@@ -72,6 +79,7 @@ class Task:
     peer: int | None = None
     mem_start: list[tuple[int, float]] = field(default_factory=list)
     mem_end: list[tuple[int, float]] = field(default_factory=list)
+    pool: str | None = None
 
 
 @dataclass
@@ -82,11 +90,13 @@ class TaskGraph:
         num_ranks: ranks 0..num_ranks-1.
         tasks: all tasks, ``tasks[i].tid == i``.
         static_memory_bytes: memory each rank holds before the first task (params, optimizer).
+        pools: shared processor pools, name -> number of processors (> 0, may be fractional).
     """
 
     num_ranks: int
     tasks: list[Task] = field(default_factory=list)
     static_memory_bytes: list[float] = field(default_factory=list)
+    pools: dict[str, float] = field(default_factory=dict)
 
     def add(self, **kwargs) -> Task:
         """Append a task (keyword arguments of :class:`Task` except ``tid``) and return it."""
@@ -148,6 +158,53 @@ class _Ports:
         self.waiting = still
 
 
+class _SharedProcessors:
+    """A pool of ``count`` processors shared equally by the tasks running on it (see module doc)."""
+
+    def __init__(self, env: simpy.Environment, count: float):
+        self.env = env
+        self.count = count
+        self.running: dict[int, list] = {}  # tid -> [remaining work seconds, done event]
+        self.updated = 0.0
+        self.version = 0
+
+    def _rate(self) -> float:
+        return min(1.0, self.count / len(self.running)) if self.running else 1.0
+
+    def _advance(self) -> None:
+        elapsed, rate = self.env.now - self.updated, self._rate()
+        for job in self.running.values():
+            job[0] -= elapsed * rate
+        self.updated = self.env.now
+
+    def work(self, tid: int, seconds: float) -> simpy.Event:
+        """An event that fires when ``seconds`` of work of task ``tid`` are done on the pool."""
+        self._advance()
+        event = self.env.event()
+        self.running[tid] = [seconds, event]
+        self._plan()
+        return event
+
+    def _plan(self) -> None:
+        """Wake up when the job with the least remaining work finishes at the current rate."""
+        self.version += 1
+        if not self.running:
+            return
+        version = self.version
+        least = min(job[0] for job in self.running.values())
+        timer = self.env.timeout(max(least, 0.0) / self._rate())
+        timer.callbacks.append(lambda _: self._finish(version))
+
+    def _finish(self, version: int) -> None:
+        if version != self.version:  # the set of running jobs changed since this timer was set
+            return
+        self._advance()
+        tolerance = 1e-12 * max(1.0, self.env.now)
+        for tid in [t for t, job in self.running.items() if job[0] <= tolerance]:
+            self.running.pop(tid)[1].succeed()
+        self._plan()
+
+
 def simulate(graph: TaskGraph) -> SimResult:
     """Run ``graph`` to completion.
 
@@ -165,6 +222,7 @@ def simulate(graph: TaskGraph) -> SimResult:
     done = [env.event() for _ in tasks]
     finished = [False] * len(tasks)
     ports = _Ports(env)
+    pools = {name: _SharedProcessors(env, count) for name, count in graph.pools.items()}
     memory = list(graph.static_memory_bytes) or [0.0] * graph.num_ranks
     mem_rows: list[tuple[int, float, float]] = [(r, 0.0, memory[r]) for r in range(graph.num_ranks)]
     rows: list[tuple] = []
@@ -181,7 +239,9 @@ def simulate(graph: TaskGraph) -> SimResult:
             yield ports.acquire(task.resources)
         start = env.now
         apply(task.mem_start)
-        if task.duration_s > 0:
+        if task.duration_s > 0 and task.pool is not None:
+            yield pools[task.pool].work(task.tid, task.duration_s)
+        elif task.duration_s > 0:
             yield env.timeout(task.duration_s)
         apply(task.mem_end)
         if task.resources:

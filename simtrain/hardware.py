@@ -16,6 +16,7 @@ Conventions (stated once, used everywhere):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -86,6 +87,65 @@ class OverlapFile(_Strict):
     )
 
 
+class LinearPointFile(_Strict):
+    """One measured GEMM of a linear layer ``Y[tokens, fan_out] = X[tokens, fan_in] Wᵀ``.
+
+    ``kind`` is the pass: ``F`` (``X Wᵀ``), ``I`` (input gradient ``dY W``) or ``W`` (weight
+    gradient ``dYᵀ X``), in torch ``nn.Linear``'s memory layouts; each costs
+    ``2 x tokens x fan_in x fan_out`` FLOPs.
+    """
+
+    tokens: int = Field(ge=1)
+    fan_in: int = Field(ge=1)
+    fan_out: int = Field(ge=1)
+    kind: Literal["F", "I", "W"]
+    tflops: float = Field(gt=0, description="achieved TFLOP/s (FLOPs / median seconds)")
+
+
+class AttentionPointFile(_Strict):
+    """One measured causal scaled-dot-product attention, rated in the cost model's FLOP count."""
+
+    seq_len: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    forward_tflops: float = Field(gt=0, description="4·s·d FLOPs per token per head / forward seconds")
+    backward_tflops: float = Field(gt=0, description="8·s·d FLOPs per token per head / backward seconds")
+
+
+class ComputeFile(_Strict):
+    """``compute:`` section (optional; ``simtrain calibrate`` writes it). Every field is optional.
+
+    Without it a profile rates every GEMM and attention kernel at ``peak x efficiency.matmul``,
+    ignores elementwise kernels and framework overhead, and gives each GPU its own processor.
+    """
+
+    linear_tflops: dict[Dtype, list[LinearPointFile]] = Field(
+        default_factory=dict, description="achieved TFLOP/s per linear-layer GEMM; the nearest shape is used"
+    )
+    attention_tflops: dict[Dtype, list[AttentionPointFile]] = Field(
+        default_factory=dict, description="achieved attention TFLOP/s per (seq_len, head_dim)"
+    )
+    elementwise_gb_per_s: dict[Literal["norm", "activation", "add"], float] = Field(
+        default_factory=dict, description="bandwidth of memory-bound kernels per class, in the bytes the cost "
+        "model counts: norms, activation functions and the loss softmax, adds (residual, gradient accumulation)"
+    )
+    layer_slowdown: dict[Literal["F", "B", "I", "W"], float] = Field(
+        default_factory=dict, description="measured time of a whole transformer layer / the sum of its "
+        "kernels' times, for the forward (F), a full backward (B) and a split backward's I and W "
+        "(default: B's)"
+    )
+    action_overhead_us: float = Field(
+        default=0.0, ge=0, description="framework time added to every pipeline action (F, B, I, W)"
+    )
+    message_overhead_us: float = Field(
+        default=0.0, ge=0, description="processor time a p2p message costs the action that sends it and "
+        "the action that receives it (posting, waiting, completing)"
+    )
+    processors_per_node: int | None = Field(
+        default=None, ge=1, description="compute units the ranks of a node share (CPU cores); "
+        "default one per GPU"
+    )
+
+
 class ProfileFile(_Strict):
     """The schema of a hardware profile YAML file (units in field names)."""
 
@@ -100,6 +160,7 @@ class ProfileFile(_Strict):
     inter_node: InterNodeLinkFile
     efficiency: EfficiencyFile
     overlap: OverlapFile = Field(default_factory=OverlapFile)
+    compute: ComputeFile | None = None
     calibration: dict | None = None
 
     @field_validator("peak_tflops")
@@ -162,11 +223,27 @@ class HardwareProfile:
         hbm_bandwidth_bytes_per_s: HBM bandwidth per GPU, bytes/s.
         gpus_per_node: GPUs sharing one intra-node fabric.
         intra_node, inter_node: the two link classes.
-        matmul_efficiency: achieved / peak FLOP/s used for every GEMM and attention kernel.
+        matmul_efficiency: achieved / peak FLOP/s used for every GEMM and attention kernel
+            without a calibrated rate.
         overlap_compute_factor: compute time of an overlapped F&B pair / (F + B) (units-free).
         overlap_sends: ``"per_half"`` or ``"after_pair"``: when a pair's p2p sends leave.
         path: the file it was loaded from, if any.
         calibration: the raw ``calibration:`` section of a calibrated profile, if any.
+        linear_rates: per dtype and pass (F, I, W), measured ``(tokens, fan_in, fan_out,
+            FLOP/s)`` linear-layer GEMMs (``compute.linear_tflops``).
+        attention_rates: per dtype, measured ``(seq_len, head_dim, forward FLOP/s, backward
+            FLOP/s)`` causal attention kernels (``compute.attention_tflops``).
+        elementwise_bytes_per_s: bandwidth of memory-bound kernels per class (``norm``,
+            ``activation``, ``add``); empty leaves them out of the cost model
+            (``compute.elementwise_gb_per_s``).
+        layer_slowdown: whole-layer time / kernel-sum time per pass ``F``, ``B``, ``I``, ``W``; 1
+            when absent, I and W default to B (``compute.layer_slowdown``).
+        action_overhead_s: framework seconds added to every pipeline action
+            (``compute.action_overhead_us``).
+        message_overhead_s: seconds a p2p message adds to its sending and its receiving action
+            (``compute.message_overhead_us``).
+        processors_per_node: compute units shared by the ranks of one node, or None for one
+            processor per GPU (``compute.processors_per_node``).
     """
 
     name: str
@@ -183,6 +260,40 @@ class HardwareProfile:
     overlap_sends: Literal["per_half", "after_pair"] = "after_pair"
     path: Path | None = None
     calibration: dict | None = field(default=None, compare=False)
+    linear_rates: dict[tuple[str, str], tuple[tuple[int, int, int, float], ...]] = field(default_factory=dict)
+    attention_rates: dict[str, tuple[tuple[int, int, float, float], ...]] = field(default_factory=dict)
+    elementwise_bytes_per_s: dict[str, float] = field(default_factory=dict)
+    layer_slowdown: dict[str, float] = field(default_factory=dict)
+    action_overhead_s: float = 0.0
+    message_overhead_s: float = 0.0
+    processors_per_node: int | None = None
+
+    def linear_flops_per_s(self, tokens: float, fan_in: float, fan_out: float, kind: str, dtype: str) -> float:
+        """Achieved FLOP/s of the ``kind`` (F, I or W) GEMM of a linear layer in ``dtype``.
+
+        The rate of the measured layer of that pass nearest in ``(log tokens, log fan_in,
+        log fan_out)`` when the profile has ``compute.linear_tflops`` for ``dtype``; otherwise
+        :meth:`achieved_flops` (peak x matmul efficiency).
+
+        Raises:
+            SimtrainError: no rate at all for ``dtype``.
+        """
+        table = self.linear_rates.get((dtype, kind))
+        if not table:
+            return self.achieved_flops(dtype)
+        return _nearest(table, (tokens, fan_in, fan_out))[3]
+
+    def attention_flops_per_s(self, seq_len: int, head_dim: int, dtype: str, backward: bool) -> float:
+        """Achieved FLOP/s of causal attention (forward, or its backward) in ``dtype``.
+
+        The measured ``(seq_len, head_dim)`` nearest in log space when the profile has
+        ``compute.attention_tflops`` for ``dtype``; otherwise :meth:`achieved_flops`.
+        """
+        table = self.attention_rates.get(dtype)
+        if not table:
+            return self.achieved_flops(dtype)
+        point = _nearest(table, (seq_len, head_dim))
+        return point[3] if backward else point[2]
 
     def achieved_flops(self, dtype: str) -> float:
         """Achieved FLOP/s of a large GEMM in ``dtype``: peak x matmul efficiency.
@@ -204,6 +315,12 @@ class HardwareProfile:
         return self.inter_node.bandwidth_bytes_per_s * share
 
 
+def _nearest(table, shape: tuple[float, ...]) -> tuple:
+    """The row of ``table`` whose leading ``len(shape)`` entries are nearest ``shape`` in log space."""
+    logs = [math.log(max(x, 1.0)) for x in shape]
+    return min(table, key=lambda row: sum((math.log(row[i]) - x) ** 2 for i, x in enumerate(logs)))
+
+
 def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> HardwareProfile:
     """Convert a validated :class:`ProfileFile` to SI units.
 
@@ -219,6 +336,7 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
             f"intra_node.bandwidth_gb_per_s ({intra.bandwidth_gb_per_s})"
         )
     eff = pf.efficiency
+    comp = pf.compute or ComputeFile()
     return HardwareProfile(
         name=pf.name,
         description=pf.description,
@@ -247,6 +365,19 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
         overlap_sends=pf.overlap.sends,
         path=path,
         calibration=pf.calibration,
+        linear_rates={
+            (d, kind): tuple((g.tokens, g.fan_in, g.fan_out, g.tflops * TFLOPS) for g in pts if g.kind == kind)
+            for d, pts in comp.linear_tflops.items() for kind in ("F", "I", "W")
+        },
+        attention_rates={
+            d: tuple((a.seq_len, a.head_dim, a.forward_tflops * TFLOPS, a.backward_tflops * TFLOPS) for a in pts)
+            for d, pts in comp.attention_tflops.items()
+        },
+        elementwise_bytes_per_s={k: v * GB for k, v in comp.elementwise_gb_per_s.items()},
+        layer_slowdown=dict(comp.layer_slowdown),
+        action_overhead_s=comp.action_overhead_us * US,
+        message_overhead_s=comp.message_overhead_us * US,
+        processors_per_node=comp.processors_per_node,
     )
 
 

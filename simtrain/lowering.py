@@ -34,6 +34,12 @@ Memory: each rank starts with the static bytes of the chunks it holds; F allocat
 activation when it starts; B frees it when it ends; I frees all but what W needs; W frees the rest.
 A forward-only step (``parallel.forward_only``) runs only the forwards (a pair runs its forward
 half alone), each freeing its activation when it ends, with no gradient reduction or optimizer.
+
+Runtime: every compute action (each part of an overlapped pair) also costs the profile's
+per-action framework overhead (``action_overhead_s``), an action that sends or receives a p2p
+message the per-message overhead (``message_overhead_s``; both 0 unless calibrated), and when a
+node runs more ranks than it has processors, their compute tasks share one processor pool
+(:meth:`simtrain.network.Topology.processor_pools`).
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
     held = [{schedule.chunk_of(s) for s in schedule.stages_of(r)} for r in range(schedule.num_ranks)]
     graph.static_memory_bytes = [costs.static_bytes(h) for h in held]
 
+    pool_of, graph.pools = topology.processor_pools(schedule.num_ranks)
     dp = parallel.dp if comm and not forward_only else 1
     holders = {c: tuple(sorted({schedule.stage_to_rank[s] for s in range(schedule.num_stages)
                                 if schedule.chunk_of(s) == c})) for c in range(schedule.num_chunks)}
@@ -141,7 +148,22 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
     _add_pipeline_dependencies(schedule, graph, first, last, chunk, topology, comm)
     if not forward_only:
         _add_optimizer(schedule, graph, costs, topology, held, dp_tasks, dp)
+    _add_runtime(graph, first, topology, pool_of)
     return graph
+
+
+def _add_runtime(graph: TaskGraph, first: dict[Action, Task], topology: Topology, pool_of: dict[int, str]) -> None:
+    """The calibrated runtime: the per-action overhead on the first task of every action (each half
+    of a pair, each MoE action), and every compute task of a rank that shares processors on its
+    node's pool."""
+    overhead = topology.hardware.action_overhead_s
+    if overhead:
+        for task in first.values():
+            task.duration_s += overhead
+    if pool_of:
+        for task in graph.tasks:
+            if task.category == "compute" and task.rank in pool_of:
+                task.pool = pool_of[task.rank]
 
 
 def _memory(a: Action, c, rank: int, forward_only: bool) -> tuple[list, list]:
@@ -310,6 +332,8 @@ def _add_pipeline_dependencies(schedule, graph, first, last, chunk, topology, co
             first[consumer].deps.append(done.tid)
             return
         route = topology.p2p(src, dst)
+        done.duration_s += topology.hardware.message_overhead_s  # posting the send
+        first[consumer].duration_s += topology.hardware.message_overhead_s  # completing the receive
         send = graph.add(
             name=f"p2p {producer} -> {consumer}", rank=src, peer=dst, category="comm", kind="p2p",
             duration_s=route.transfer_s(nbytes), deps=[done.tid], resources=route.resources,

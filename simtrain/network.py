@@ -129,6 +129,38 @@ class Topology:
             return Route(hw.intra_node, hw.intra_node.bandwidth_bytes_per_s, self._ports("nvlink", pp_rank))
         return Route(hw.inter_node, hw.nic_bandwidth_per_gpu_bytes_per_s, self._ports("nic", pp_rank))
 
+    def processor_pools(self, num_ranks: int) -> tuple[dict[int, str], dict[str, float]]:
+        """Which pipeline ranks share processors, for nodes running more ranks than processors.
+
+        A node whose job GPUs (ranks) outnumber the profile's ``processors_per_node`` (e.g. 4
+        ranks on a 2-core CPU) runs their compute on one shared pool. simtrain simulates one
+        rank per pipeline stage (TP and DP rank 0), so the pool gets the simulated ranks' share
+        of the node's processors: ``processors x simulated ranks / job ranks on the node``.
+
+        Args:
+            num_ranks: pipeline ranks simulated (0 .. num_ranks-1).
+
+        Returns:
+            ``(rank -> pool name, pool name -> processors)``; both empty when nothing is shared
+            (always for profiles without ``compute.processors_per_node``).
+        """
+        processors = self.hardware.processors_per_node
+        if processors is None:
+            return {}, {}
+        gpn, world = self.hardware.gpus_per_node, self.parallel.world_size
+        nodes = {r: self.node_of(r) for r in range(num_ranks)}
+        assignment: dict[int, str] = {}
+        pools: dict[str, float] = {}
+        for rank, node in nodes.items():
+            on_node = min(gpn, world - node * gpn)
+            if on_node <= processors:
+                continue
+            name = f"processors:node{node}"
+            simulated = sum(1 for n in nodes.values() if n == node)
+            pools[name] = processors * simulated / on_node
+            assignment[rank] = name
+        return assignment, pools
+
     def tp_route(self, pp_rank: int = 0) -> Route:
         """Route of the tensor-parallel group of ``pp_rank`` (consecutive GPU ids)."""
         return self.group_route(pp_rank, 1, self.parallel.tp)

@@ -7,6 +7,7 @@ override them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +116,7 @@ def run_schedule(
     op_times: tuple[float, float, float] | None = None,
     comm: bool = True,
     waved_ep: bool = False,
+    runtime: Callable[[StageCosts], StageCosts] | None = None,
 ) -> ScheduleRun:
     """Simulate one training step of ``schedule``.
 
@@ -125,6 +127,8 @@ def run_schedule(
         op_times: fixed (F, I, W) seconds per action, replacing the cost model's durations.
         comm: False makes communication free.
         waved_ep: run MoE layers with Waved-EP (implied by a ``+waved-ep`` name).
+        runtime: adjusts the costs to a particular runtime before lowering (e.g. how torch
+            splits a backward, :func:`simtrain.calibration.validate.torch_runtime_costs`).
 
     Returns:
         The :class:`ScheduleRun`.
@@ -145,6 +149,8 @@ def run_schedule(
     costs = stage_costs(model, parallel, hardware, schedule.num_chunks)
     if op_times is not None:
         costs = costs.with_op_times(*op_times)
+    if runtime is not None:
+        costs = runtime(costs)
     check_static_memory(costs, schedule, hardware, f"{model.name} on {hardware.name} with {schedule.name}")
     topology = Topology(hardware, parallel)
     graph = lower(schedule, costs, topology, comm=comm, waves=waves)

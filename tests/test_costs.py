@@ -91,3 +91,34 @@ def test_zero1_shards_optimizer_state():
 def test_tp_must_divide_heads():
     with pytest.raises(SimtrainError, match="--tp 3: must divide the model's 64 attention heads"):
         stage_costs(load_model("llama3-70b"), ParallelConfig(tp=3), H100, 8)
+
+
+def test_calibrated_rates_drive_the_cost_model():
+    """Per-pass GEMM rates, attention rates, elementwise classes and layer slowdowns, by hand."""
+    import dataclasses
+
+    model = tiny_model(layers=3, num_heads=4, activation="gelu", norm="layernorm")  # h 256, f 1024, s 128
+    par = ParallelConfig(microbatches=5, microbatch_size=2, seq_len=128, dtype="fp32", sequence_parallel=False,
+                         recompute="none")
+    rates = {"F": 50e9, "I": 40e9, "W": 25e9}
+    hw = dataclasses.replace(
+        H100,
+        linear_rates={("fp32", k): ((256, 256, 256, r),) for k, r in rates.items()},
+        attention_rates={"fp32": ((128, 64, 10e9, 5e9),)},
+        elementwise_bytes_per_s={"norm": 1e9, "activation": 2e9, "add": 4e9},
+        layer_slowdown={"F": 1.1, "B": 1.2, "I": 1.5, "W": 1.25},
+    )
+    c = stage_costs(model, par, hw, 3).chunks[1]
+    tokens, h, f = 256, 256, 1024
+    gemm = 2 * tokens * (h * 3 * h + h * h + 2 * h * f)  # QKV, output projection, FFN up and down
+    attn = 4 * 128 * h * tokens  # 2·s·(a·d) for Q·Kᵀ and for softmax·V, per token
+    ew_f = tokens * 4 * (4 * h / 1e9 + 2 * f / 2e9 + 6 * h / 4e9)
+    ew_b = tokens * 4 * (6 * h / 1e9 + 3 * f / 2e9 + 6 * h / 4e9)
+    accumulate = 4 / 5 * 3 * 4 * c.params / 4e9
+    assert c.forward_s == pytest.approx(1.1 * (gemm / 50e9 + attn / 10e9 + ew_f))
+    assert c.backward_input_s == pytest.approx(1.5 * (gemm / 40e9 + 2 * attn / 5e9 + ew_b))
+    assert c.backward_weight_s == pytest.approx(1.25 * (gemm / 25e9 + accumulate))
+    assert c.backward_s == pytest.approx(1.2 * (gemm / 40e9 + 2 * attn / 5e9 + ew_b + gemm / 25e9 + accumulate))
+    # op-times replace everything, including the separate full-backward time
+    fixed = stage_costs(model, par, hw, 3).with_op_times(1.0, 2.0, 3.0).chunks[1]
+    assert fixed.backward_s == 5.0

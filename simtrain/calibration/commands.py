@@ -1,0 +1,229 @@
+"""``simtrain calibrate`` and ``simtrain validate`` (registered by :mod:`simtrain.cli`).
+
+Both run their measurements as a distributed job (:mod:`.launch`): spawned locally, or in place
+when the CLI itself was started by ``torchrun`` (then rank 0 writes and prints). Units are
+converted here, at the edge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..errors import SimtrainError
+from ..hardware import load_profile
+from . import launch, require_torch
+
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+REPEATS = {True: dict(repeats=9, comm_repeats=15, overhead_steps=12),
+           False: dict(repeats=15, comm_repeats=25, overhead_steps=20)}
+"""Repeats per case for --quick (True) and full runs."""
+
+
+def _ints(flag: str, text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise SimtrainError(f"{flag} = {text!r}: expected comma-separated positive integers, e.g. 256,512")
+    return values
+
+
+def _check_device(device: str, world: int | None, torch) -> int:
+    """Validate --device and --world; return the world size (torchrun's, or the ranks to spawn)."""
+    if device not in ("cpu", "cuda"):
+        raise SimtrainError(f"--device = {device!r}: choose cpu or cuda")
+    if launch.under_torchrun():
+        return int(os.environ["WORLD_SIZE"])
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise SimtrainError("--device cuda: torch sees no CUDA GPU on this machine; use --device cpu")
+        gpus = torch.cuda.device_count()
+        world = gpus if world is None else world
+        if world > gpus:
+            raise SimtrainError(f"--world = {world}: this machine has {gpus} GPU(s); use torchrun for more nodes")
+    world = 2 if world is None else world
+    if world < 1:
+        raise SimtrainError(f"--world = {world}: must be >= 1 rank")
+    return world
+
+
+def _run(job: str, spec: dict, world: int, timeout_s: float, title: str) -> dict | None:
+    """Run ``job`` in place (torchrun) or on spawned local ranks, with a progress bar."""
+    columns = (TextColumn(f"{title}: {{task.description}}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn())
+    quiet = launch.under_torchrun() and os.environ.get("RANK") != "0"  # one progress bar per job
+    with Progress(*columns, console=err, transient=True, disable=quiet) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def progress(line: str) -> None:
+            phase, _, rest = line.partition("|")
+            done, _, total = rest.partition("|")
+            try:
+                bar.update(task, description=phase, completed=int(done), total=int(total))
+            except ValueError:
+                bar.update(task, description=line)
+
+        if launch.under_torchrun():
+            try:
+                return launch.run_rank_job(job, spec, progress)
+            finally:
+                launch.finish_torchrun()
+        return launch.spawn(job, spec, world, timeout_s, progress)
+
+
+def calibrate(
+    out_path: Annotated[Path, typer.Option("--out", help="calibrated profile YAML to write (a new file)")],
+    base: Annotated[Optional[str], typer.Option(help="profile to take capacity and unmeasured links from")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    dtype: Annotated[Optional[str], typer.Option(help="fp32 or bf16 (default: fp32 on cpu, bf16 on cuda)")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="fewer shapes and repeats (about a minute)")] = False,
+    force: Annotated[bool, typer.Option("--force", help="overwrite --out if it exists")] = False,
+    world: Annotated[Optional[int], typer.Option(help="local ranks to spawn (default: 2 on cpu, all GPUs)")] = None,
+    threads: Annotated[int, typer.Option(help="torch threads per rank on cpu")] = 1,
+    hidden: Annotated[Optional[str], typer.Option(help="hidden sizes of the GEMM grid, e.g. 4096,8192")] = None,
+    tokens: Annotated[Optional[str], typer.Option(help="tokens per microbatch of the GEMM grid, e.g. 4096")] = None,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="stop the measurement after this many seconds")] = 900,
+) -> None:
+    """Measure this machine with torch and write a NEW calibrated hardware profile."""
+    from .fit import base_profile_data, build_profile, write_profile
+
+    if out_path.exists() and not force:
+        raise SimtrainError(f"--out {out_path}: the file exists; choose a new name or pass --force to overwrite it")
+    if not out_path.parent.is_dir():
+        raise SimtrainError(f"--out {out_path}: folder {out_path.parent} does not exist")
+    dtype = dtype or ("bf16" if device == "cuda" else "fp32")
+    if dtype not in ("fp32", "bf16"):
+        raise SimtrainError(f"--dtype = {dtype!r}: choose fp32 or bf16")
+    if threads < 1:
+        raise SimtrainError(f"--threads = {threads}: must be >= 1")
+    if timeout_s <= 0:
+        raise SimtrainError(f"--timeout-s = {timeout_s}: must be > 0")
+    grid = dict(hidden=_ints("--hidden", hidden), tokens=_ints("--tokens", tokens))
+    if base is not None:
+        base_profile_data(base, device, "")  # a bad --base fails before measuring
+    torch = require_torch()
+    world = _check_device(device, world, torch)
+    if world < 2 and base is None and not launch.under_torchrun():
+        raise SimtrainError("--world 1 measures no link; use 2 or more ranks, or pass --base to take links from")
+    spec = dict(device=device, dtype=dtype, quick=quick, threads=threads, **REPEATS[quick], **grid)
+    meas = _run("calibrate", spec, world, timeout_s, "calibrate")
+    if meas is None:  # a torchrun rank other than 0
+        return
+    data = build_profile(meas, base, quick)
+    write_profile(out_path, data, force)
+    _print_calibration(data, out_path)
+
+
+def _print_calibration(data: dict, path: Path) -> None:
+    rec, comp = data["calibration"], data["compute"]
+    table = Table(title=f"{data['name']}: {data['source']}")
+    table.add_column("measured")
+    table.add_column("value", justify="right")
+    table.add_column("fit / spread")
+    lin = rec["linear"]
+    table.add_row("linear-layer GEMMs", f"{lin['cases']} shapes, best {lin['best_tflops'] * 1e3:.1f} GFLOP/s",
+                  f"median CV {lin['cv_median']:.0%}")
+    for dtype, rows in comp["attention_tflops"].items():
+        for r in rows:
+            table.add_row(f"attention s={r['seq_len']} d={r['head_dim']} ({dtype})",
+                          f"F {r['forward_tflops'] * 1e3:.1f} / B {r['backward_tflops'] * 1e3:.1f} GFLOP/s", "")
+    table.add_row("elementwise kernels", ", ".join(f"{k} {v:.1f}" for k, v in comp["elementwise_gb_per_s"].items())
+                  + " GB/s", "bytes the cost model counts")
+    if "layer_slowdown" in rec:
+        slow = rec["layer_slowdown"]
+        worst = max(r["error"] for r in slow["residuals"])
+        table.add_row("whole layer / sum of kernels", ", ".join(f"{k} {slow[k]:.3f}" for k in "FBIW"),
+                      f"{len(slow['residuals'])} shapes, worst {worst:.0%}")
+    table.add_row("copy (memory bandwidth)", f"{rec['copy']['gb_per_s']:.1f} GB/s", f"CV {rec['copy']['cv']:.0%}")
+    for cls, link in rec.get("links", {}).items():
+        if link.get("measured"):
+            worst = max(abs(r["error"]) for r in link["residuals"])
+            table.add_row(f"p2p {cls}", f"{link['latency_us']:.1f} us + bytes / {link['bandwidth_gb_per_s']:.2f} GB/s",
+                          f"R² {link['r2']:.3f}, worst size {worst:.0%}")
+        else:
+            table.add_row(f"p2p {cls}", "–", link["note"])
+    for name, fit in rec.get("collectives", {}).items():
+        if "latency_us" in fit:
+            table.add_row(name.replace("_", "-"), f"{fit['latency_us']:.1f} us + bytes / {fit['bandwidth_gb_per_s']:.2f} GB/s",
+                          f"R² {fit['r2']:.3f} (recorded, not used)")
+    ov = rec["overheads"]
+    worst = max(ov["residuals"], key=lambda r: abs(r["error"]), default=None)
+    table.add_row("per-action / per-message overhead", f"{ov['action_us']:.0f} us / {ov['message_us']:.0f} us",
+                  f"{len(ov['residuals'])} trivial pipelines" + (
+                      f", worst {worst['schedule']} m={worst['microbatches']} {worst['error']:+.0%}" if worst else ""))
+    if comp.get("processors_per_node"):
+        table.add_row("processors per node", str(comp["processors_per_node"]), "ranks beyond this share them")
+    out.print(table)
+    out.print(f"profile: {path}")
+
+
+def validate(
+    profile: Annotated[str, typer.Option(help="calibrated profile (name or YAML file)")],
+    schedules: Annotated[Optional[str], typer.Option(help="torch schedules, comma-separated (default: all seven)")] = None,
+    world: Annotated[Optional[int], typer.Option(help="pipeline ranks (default: 2 on cpu, all GPUs)")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    steps: Annotated[int, typer.Option(help="measured training steps per schedule")] = 10,
+    warmup: Annotated[int, typer.Option(help="warm-up steps per schedule")] = 2,
+    threads: Annotated[int, typer.Option(help="torch threads per rank on cpu")] = 1,
+    no_speed_correction: Annotated[bool, typer.Option(
+        "--no-speed-correction", help="predict at the profile's speed, ignoring how much the machine was slowed")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="stop the runs after this many seconds")] = 900,
+) -> None:
+    """Train a small transformer with torch's pipeline schedules; compare with simtrain's prediction."""
+    from .validate import compare, default_model, parse_schedules
+
+    hw = load_profile(profile)
+    names = parse_schedules(schedules)
+    if steps < 1 or warmup < 0:
+        raise SimtrainError(f"--steps = {steps}, --warmup = {warmup}: need steps >= 1 and warmup >= 0")
+    if threads < 1:
+        raise SimtrainError(f"--threads = {threads}: must be >= 1")
+    torch = require_torch()
+    world = _check_device(device, world, torch)
+    if world < 2:
+        raise SimtrainError(f"--world = {world}: a pipeline needs at least 2 ranks")
+    cfg = default_model(world, device, quick=False)
+    spec = dict(device=device, schedules=names, model=dataclasses.asdict(cfg), steps=steps, warmup=warmup,
+                threads=threads)
+    result = _run("validate", spec, world, timeout_s, "validate")
+    if result is None:
+        return
+    rows = compare(result, hw, correct_speed=not no_speed_correction)
+    if as_json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+        return
+    spec_model = cfg.spec()
+    table = Table(title=(
+        f"simtrain vs torch: {spec_model.name}, {cfg.microbatches} microbatches of {cfg.microbatch_size} x "
+        f"{cfg.seq_len} tokens, {world} ranks ({device}); profile {hw.name}"))
+    for col in ("schedule", "measured step (ms)", "predicted (ms)", "error", "measured act. peak (MiB)",
+                "predicted (MiB)", "error", "machine speed"):
+        table.add_column(col, justify="left" if col == "schedule" else "right")
+    for r in rows:
+        table.add_row(r.schedule, f"{r.measured_step_s * 1e3:.1f}", f"{r.predicted_step_s * 1e3:.1f}",
+                      f"{r.step_error:+.1%}", f"{r.measured_activation_bytes / 2**20:.2f}",
+                      f"{r.predicted_activation_bytes / 2**20:.2f}", f"{r.memory_error:+.1%}",
+                      f"{1 / r.speed_factor:.2f}x")
+    out.print(table)
+    errors = [abs(r.step_error) for r in rows]
+    out.print(f"step-time error: median |e| = {statistics.median(errors):.1%}, max |e| = {max(errors):.1%} "
+              f"over {len(rows)} schedule(s); activation-peak error: max |e| = "
+              f"{max(abs(r.memory_error) for r in rows):.1%}")
+

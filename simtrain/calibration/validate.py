@@ -1,0 +1,595 @@
+"""Validate simtrain against real pipeline-parallel training with ``torch.distributed.pipelining``.
+
+A small GPT-style transformer (:class:`ValidationModel`, described to simtrain as a
+:class:`~simtrain.models.ModelSpec` so the cost model predicts exactly it) is cut into pipeline
+stages with :func:`simtrain.costs.split_layers` and trained for a few steps with each of torch's
+schedules (:data:`TORCH_SCHEDULES`). Per schedule the ranks measure:
+
+* **step time**: from a barrier until the slowest rank has finished ``schedule.step()``, the
+  optimizer step and ``zero_grad`` (median over steps after warm-up);
+* **activation peak** per rank: on CPU, the bytes of distinct tensor storages autograd holds for
+  the backward, counted by saved-tensor hooks (parameters excluded) during one extra step; on
+  GPU, ``torch.cuda.max_memory_allocated`` minus what was allocated before the step;
+* **torch's own action order**: ``pipeline_order`` of multi-stage schedules (with their
+  overlapped F&B actions), or, for single-stage ones, the order the stages actually ran
+  (recorded by wrapping the stage's forward/backward calls); both are checked against the
+  recorded execution.
+
+The parent process then imports each order into simtrain's IR, simulates it with the profile and
+compares (:func:`compare`). The costs get two adjustments that describe torch's runtime rather
+than the schedule (:func:`torch_runtime_costs`): the first stage's I is empty and its W runs the
+whole backward, and an I keeps the autograd graph (every stored activation but the loss's) until
+its W.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ..costs import StageCosts, split_layers
+from ..errors import SimtrainError
+from ..hardware import HardwareProfile
+from ..models import ModelSpec
+from ..parallel import ParallelConfig
+from ..schedules.ir import Schedule, parse_action
+from .launch import Progress, RankContext
+
+TORCH_SCHEDULES: dict[str, tuple[str, int]] = {
+    "gpipe": ("ScheduleGPipe", 1),
+    "1f1b": ("Schedule1F1B", 1),
+    "interleaved1f1b": ("ScheduleInterleaved1F1B", 2),
+    "loopedbfs": ("ScheduleLoopedBFS", 2),
+    "interleavedzerobubble": ("ScheduleInterleavedZeroBubble", 2),
+    "zbvzerobubble": ("ScheduleZBVZeroBubble", 2),
+    "dualpipev": ("ScheduleDualPipeV", 2),
+}
+"""Schedule name (torch's class name without ``Schedule``, lower case) -> (class, stages per rank)."""
+
+V_SHAPED = ("zbvzerobubble", "dualpipev")
+
+
+@dataclass(frozen=True)
+class ValidationModel:
+    """The transformer trained by ``simtrain validate`` (pre-norm GPT block, GeLU MLP, no biases).
+
+    Attributes:
+        layers, hidden, heads, ffn, vocab, seq_len: its shape.
+        microbatch_size: sequences per microbatch (b).
+        microbatches: microbatches per step (m).
+    """
+
+    layers: int = 8
+    hidden: int = 256
+    heads: int = 4
+    ffn: int = 1024
+    vocab: int = 2048
+    seq_len: int = 128
+    microbatch_size: int = 2
+    microbatches: int = 4
+
+    def spec(self) -> ModelSpec:
+        """The same model as a simtrain :class:`ModelSpec`."""
+        return ModelSpec(
+            name=f"validation transformer ({self.layers} x h{self.hidden})",
+            description="the model simtrain validate trains with torch",
+            source="simtrain.calibration.validate.ValidationModel",
+            num_layers=self.layers, hidden_size=self.hidden, ffn_hidden_size=self.ffn, num_heads=self.heads,
+            vocab_size=self.vocab, seq_len=self.seq_len, activation="gelu", norm="layernorm", bias=False,
+        )
+
+    def parallel(self, world: int, stages_per_rank: int) -> ParallelConfig:
+        """The simtrain parallel configuration of a run on ``world`` ranks (fp32, no recomputation
+        of anything but attention scores, which torch's fused attention never stores)."""
+        return ParallelConfig(
+            pp=world, vp=stages_per_rank, microbatches=self.microbatches, microbatch_size=self.microbatch_size,
+            seq_len=self.seq_len, dtype="fp32", recompute="selective", sequence_parallel=False,
+        )
+
+
+def default_model(world: int, device: str, quick: bool) -> ValidationModel:
+    """The validation model for ``world`` ranks: 4 layers per rank, 2 microbatches per rank."""
+    base = ValidationModel(layers=4 * world, microbatches=2 * world)
+    if device == "cuda":
+        base = replace(base, hidden=2048, heads=16, ffn=8192, vocab=32000, seq_len=2048, microbatch_size=1)
+    return base
+
+
+# ----------------------------------------------------------------------------- torch model
+def _build_stage_module(torch, cfg: ValidationModel, stage: int, num_stages: int, device, dtype):
+    """The ``nn.Module`` of one pipeline stage: its layers (split as simtrain splits them), plus
+    the embedding on the first stage and the final norm and LM head on the last."""
+    from torch import nn
+
+    from .microbench import transformer_layer
+
+    class Stage(nn.Module):
+        def __init__(self, n_layers: int, first: bool, last: bool):
+            super().__init__()
+            h = cfg.hidden
+            self.embed = nn.Embedding(cfg.vocab, h) if first else None
+            self.blocks = nn.ModuleList(transformer_layer(torch, h, cfg.heads, cfg.ffn) for _ in range(n_layers))
+            self.norm = nn.LayerNorm(h) if last else None
+            self.head = nn.Linear(h, cfg.vocab, bias=False) if last else None
+
+        def forward(self, x):
+            if self.embed is not None:
+                x = self.embed(x)
+            for block in self.blocks:
+                x = block(x)
+            if self.head is not None:
+                x = self.head(self.norm(x))
+            return x
+
+    counts = split_layers(cfg.layers, num_stages)
+    torch.manual_seed(1234 + stage)
+    return Stage(counts[stage], stage == 0, stage == num_stages - 1).to(device=device, dtype=dtype)
+
+
+def stage_placement(name: str, world: int) -> list[int]:
+    """``stage_to_rank`` torch uses: linear, looped (``s % world``) or V-shaped."""
+    per_rank = TORCH_SCHEDULES[name][1]
+    n = world * per_rank
+    if per_rank == 1:
+        return list(range(n))
+    if name in V_SHAPED:
+        return [s if s < world else n - 1 - s for s in range(n)]
+    return [s % world for s in range(n)]
+
+
+class SavedTensorMeter:
+    """Peak bytes of distinct storages autograd saves for the backward (saved-tensor hooks).
+
+    Parameters (and views of them) are not counted. A storage counts from the first time a
+    saved tensor refers to it until the last such reference is released by autograd.
+    """
+
+    def __init__(self, parameters):
+        self.skip = {p.untyped_storage().data_ptr() for p in parameters}
+        self.live: dict[int, list[int]] = {}
+        self.current = 0
+        self.peak = 0
+
+    def pack(self, tensor):
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key in self.skip or storage.nbytes() == 0:
+            return tensor
+        entry = self.live.get(key)
+        if entry is None:
+            self.live[key] = [1, storage.nbytes()]
+            self.current += storage.nbytes()
+            self.peak = max(self.peak, self.current)
+        else:
+            entry[0] += 1
+        # a detached alias: holding a saved *output* with its grad_fn would make a reference
+        # cycle through the autograd node that keeps it alive after a split (I/W) backward
+        return _Held(tensor.detach(), key, self)
+
+    @staticmethod
+    def unpack(held):
+        return held.tensor if isinstance(held, _Held) else held
+
+    def release(self, key: int) -> None:
+        entry = self.live[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.current -= entry[1]
+            del self.live[key]
+
+
+class _Held:
+    """A saved tensor whose release (when autograd drops it) the meter is told about."""
+
+    __slots__ = ("tensor", "key", "meter")
+
+    def __init__(self, tensor, key, meter):
+        self.tensor, self.key, self.meter = tensor, key, meter
+
+    def __del__(self):
+        self.meter.release(self.key)
+
+
+def probe_cases(torch, cfg: ValidationModel, device, dtype):
+    """The speed probe: one transformer layer's kernels at the model's shapes.
+
+    Its linear-layer GEMMs (F, I, W), attention forward and backward and elementwise kernels,
+    built by the calibration's own case builders, so the profile predicts the probe's time
+    (:func:`probe_seconds`). Returns ``(keys, callables)`` grouped as ``linear``, ``attention``,
+    ``elementwise``.
+    """
+    from .microbench import attention_cases, elementwise_cases, linear_cases
+
+    tokens = cfg.microbatch_size * cfg.seq_len
+    lin = linear_cases(torch, device, dtype, [cfg.hidden], [tokens], [])
+    att = attention_cases(torch, device, dtype, [(cfg.seq_len, cfg.hidden // cfg.heads, cfg.heads)], tokens)
+    ew = elementwise_cases(torch, device, dtype, [cfg.hidden], [tokens], [])
+    keys = dict(linear=lin[0], attention=att[0], elementwise=ew[0])
+    return keys, lin[1] + att[1] + ew[1]
+
+
+def probe_seconds(keys: dict, hardware: HardwareProfile, dtype: str = "fp32") -> float:
+    """Seconds the profile predicts for the probe of :func:`probe_cases`."""
+    total = 0.0
+    for t, k, n, kind in keys["linear"]:
+        total += 2 * t * k * n / hardware.linear_flops_per_s(t, k, n, kind, dtype)
+    for s, d, a, b, kind in keys["attention"]:
+        flops = 4 * b * a * s * s * d
+        if kind == "B":
+            total += 2 * flops / hardware.attention_flops_per_s(s, d, dtype, backward=True)
+        else:
+            total += flops / hardware.attention_flops_per_s(s, d, dtype, backward=False)
+    rates = hardware.elementwise_bytes_per_s
+    total += sum(nbytes / rates[cls] for cls, *_, nbytes in keys["elementwise"] if cls in rates)
+    return total
+
+
+def at_speed(hardware: HardwareProfile, factor: float) -> HardwareProfile:
+    """``hardware`` with every compute time (kernels, memory, per-action overhead) x ``factor``.
+
+    Links are unchanged. ``factor`` > 1 means the machine currently runs slower than when it was
+    calibrated.
+    """
+    return replace(
+        hardware,
+        peak_flops={k: v / factor for k, v in hardware.peak_flops.items()},
+        linear_rates={k: tuple((*r[:3], r[3] / factor) for r in v) for k, v in hardware.linear_rates.items()},
+        attention_rates={
+            k: tuple((*r[:2], r[2] / factor, r[3] / factor) for r in v) for k, v in hardware.attention_rates.items()
+        },
+        elementwise_bytes_per_s={k: v / factor for k, v in hardware.elementwise_bytes_per_s.items()},
+        hbm_bandwidth_bytes_per_s=hardware.hbm_bandwidth_bytes_per_s / factor,
+        action_overhead_s=hardware.action_overhead_s * factor,
+    )
+
+
+class Recorder:
+    """Wraps a stage's forward/backward calls to record the actions it runs: ``(action text,
+    wall start, wall end, thread CPU seconds)``."""
+
+    def __init__(self):
+        self.events: list[tuple[str, float, float, float]] = []
+
+    def wrap(self, stage) -> None:
+        def wrapped(method, kind_of: Callable[..., str]):
+            def call(chunk, *args, **kwargs):
+                c0, t0 = time.thread_time(), time.perf_counter()
+                out = method(chunk, *args, **kwargs)
+                t1, c1 = time.perf_counter(), time.thread_time()
+                self.events.append((f"{stage.stage_index}{kind_of(kwargs)}{chunk}", t0, t1, c1 - c0))
+                return out
+            return call
+
+        stage.forward_one_chunk = wrapped(stage.forward_one_chunk, lambda kw: "F")
+        stage.backward_one_chunk = wrapped(
+            stage.backward_one_chunk, lambda kw: "B" if kw.get("full_backward", True) else "I")
+        stage.backward_weight_one_chunk = wrapped(stage.backward_weight_one_chunk, lambda kw: "W")
+
+
+def _schedule_orders(sched, name: str, world: int, recorded: list[list[str]]) -> list[list[str]]:
+    """torch's per-rank compute orders as action text (``pipeline_order`` or the recorded runs)."""
+    per_rank = TORCH_SCHEDULES[name][1]
+    if per_rank == 1:
+        return recorded  # Schedule1F1B.pipeline_order is wrong for ranks > 0 in torch 2.13
+    orders = []
+    for rank in range(world):
+        orders.append([str(a) for a in sched.pipeline_order[rank] if a is not None and a.is_compute_op])
+    return orders
+
+
+class _TorchRun:
+    """One torch schedule on this rank: its stages, optimizer, recorder, and one training step."""
+
+    def __init__(self, torch, ctx: RankContext, name: str, cfg: ValidationModel, loss_fn, tokens, target):
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining import schedules as torch_schedules
+
+        cls_name, per_rank = TORCH_SCHEDULES[name]
+        self.torch, self.ctx, self.name = torch, ctx, name
+        self.placement = stage_placement(name, ctx.world)
+        n_stages = len(self.placement)
+        mine = [s for s in range(n_stages) if self.placement[s] == ctx.rank]
+        self.modules = [_build_stage_module(torch, cfg, s, n_stages, ctx.device, torch.float32) for s in mine]
+        stages = [PipelineStage(mod, s, n_stages, ctx.device) for mod, s in zip(self.modules, mine)]
+        self.recorder = Recorder()
+        for st in stages:
+            self.recorder.wrap(st)
+        cls = getattr(torch_schedules, cls_name)
+        self.sched = cls(stages[0] if per_rank == 1 else stages, cfg.microbatches, loss_fn=loss_fn)
+        self.params = [p for mod in self.modules for p in mod.parameters()]
+        self.opt = torch.optim.Adam(self.params, lr=1e-4)
+        self.args = (tokens,) if 0 in mine else ()
+        self.kwargs = dict(target=target) if n_stages - 1 in mine else {}
+        self.times: list[float] = []
+        self.probes: list[float] = []
+        self.busy: list[tuple[float, float]] = []  # per step: (wall, thread CPU) seconds in actions
+
+    def train_step(self) -> None:
+        """``schedule.step()``, the optimizer step and ``zero_grad``."""
+        self.sched.step(*self.args, **self.kwargs)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=self.ctx.device.type != "cuda")
+
+    def activation_peak(self) -> float:
+        """Activation bytes this rank holds at its peak during one (untimed) step."""
+        torch = self.torch
+        dev = self.ctx.device
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            self.train_step()
+            torch.cuda.synchronize()
+            return float(torch.cuda.max_memory_allocated(dev) - before)
+        from torch.autograd.graph import saved_tensors_hooks
+
+        meter = SavedTensorMeter(self.params)
+        with saved_tensors_hooks(meter.pack, meter.unpack):
+            self.train_step()
+        return float(meter.peak)
+
+
+def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
+    """The ``validate`` job on one rank: every requested schedule, measured; rank 0 returns all.
+
+    The schedules are stepped round-robin (after ``warmup`` steps each, ``steps`` rounds of one
+    step of every schedule), each step preceded by the speed probe (and the last followed by one),
+    so that a machine whose speed drifts affects all schedules alike and each step's speed is
+    known.
+
+    Args:
+        spec: ``device``, ``schedules`` (names), ``model`` (:class:`ValidationModel` fields),
+            ``steps``, ``warmup``.
+
+    Returns:
+        ``{"schedules": {name: {...}}, "world", "model", "probe_keys"}``; per schedule the step
+        times, the probe time before each step, per-rank activation peaks, torch's orders, what
+        the ranks ran, the placement, and per-action measured durations.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from .microbench import Timer, timed_step
+
+    cfg = ValidationModel(**spec["model"])
+    dev = ctx.device
+    steps, warmup = spec["steps"], spec["warmup"]
+    b, m = cfg.microbatch_size, cfg.microbatches
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab, (b * m, cfg.seq_len), generator=g).to(dev)
+    target = torch.randint(0, cfg.vocab, (b * m, cfg.seq_len), generator=g).to(dev)
+
+    def loss_fn(logits, tgt):
+        return F.cross_entropy(logits.flatten(0, 1), tgt.flatten())
+
+    probe_keys, probe_fns = probe_cases(torch, cfg, dev, torch.float32)
+    timer = Timer(torch, dev)
+
+    def probe() -> float:
+        ctx.barrier()
+        return sum(timer.once(fn) for fn in probe_fns)
+
+    for fn in probe_fns:  # warm-up
+        fn()
+    names = spec["schedules"]
+    total = len(names) * (warmup + steps)
+    runs = []
+    for name in names:
+        run = _TorchRun(torch, ctx, name, cfg, loss_fn, tokens, target)
+        for _ in range(warmup):
+            run.train_step()
+            progress(f"warm-up {name}|{len(runs) * warmup + _ + 1}|{total}")
+        runs.append(run)
+    for step in range(steps):
+        for i, run in enumerate(runs):
+            progress(f"step {step + 1}/{steps}: {run.name}|{len(names) * (warmup + step) + i + 1}|{total}")
+            run.probes.append(probe())
+            run.recorder.events.clear()
+            run.times.append(timed_step(ctx, run.train_step))
+            run.busy.append((sum(e[2] - e[1] for e in run.recorder.events), sum(e[3] for e in run.recorder.events)))
+    for run in runs:  # the probe after each schedule's last step
+        run.probes.append(probe())
+
+    out: dict = {}
+    for run in runs:
+        executed = [e[0] for e in run.recorder.events]  # the last measured step
+        durations: dict[str, list[float]] = {}
+        for text, t0, t1, _ in run.recorder.events:
+            act = parse_action(text)
+            durations.setdefault(f"{act.stage}{act.kind}", []).append(t1 - t0)
+        ctx.barrier()
+        peak = run.activation_peak()
+        ctx.barrier()
+        gathered: list = [None] * ctx.world
+        dist.all_gather_object(gathered, dict(executed=executed, peak=peak, probes=run.probes, busy=run.busy,
+                                              durations={k: statistics.median(v) for k, v in durations.items()}))
+        recorded = [r["executed"] for r in gathered]
+        out[run.name] = dict(
+            step_times_s=run.times,
+            activation_peak_bytes=[r["peak"] for r in gathered],
+            orders=_schedule_orders(run.sched, run.name, ctx.world, recorded), recorded=recorded,
+            stage_to_rank=run.placement,
+            action_s={k: v for r in gathered for k, v in r["durations"].items()},
+            probe_s=[statistics.median(step) for step in zip(*(r["probes"] for r in gathered))],
+            # per step, wall / thread CPU time of all ranks' actions: how much other processes
+            # delayed the compute (1 when the ranks had their cores to themselves)
+            preemption=[sum(b[0] for b in step) / sum(b[1] for b in step)
+                        for step in zip(*(r["busy"] for r in gathered))],
+        )
+    progress(f"done|{total}|{total}")
+    return dict(schedules=out, world=ctx.world, model=spec["model"],
+                cpu_time_profile=dev.type == "cpu" and ctx.threads == 1,
+                probe_keys={k: [list(x) for x in v] for k, v in probe_keys.items()})
+
+
+# ----------------------------------------------------------------------------- prediction
+def import_schedule(name: str, measured: dict, microbatches: int) -> Schedule:
+    """torch's per-rank orders of one run, as a validated simtrain :class:`Schedule`.
+
+    Raises:
+        SimtrainError: the imported order differs from what the ranks actually ran.
+    """
+    orders = tuple(tuple(parse_action(t) for t in rank) for rank in measured["orders"])
+    for rank, (order, ran) in enumerate(zip(orders, measured["recorded"])):
+        flat = [str(p) for a in order for p in a.parts]
+        if flat != ran:
+            raise SimtrainError(
+                f"validate {name}: torch's schedule for rank {rank} lists {flat[:6]}..., "
+                f"but the rank ran {ran[:6]}..."
+            )
+    schedule = Schedule(f"torch:{name}", microbatches, tuple(measured["stage_to_rank"]), orders)
+    schedule.validate()
+    return schedule
+
+
+def torch_runtime_costs(costs: StageCosts, vocab: int) -> StageCosts:
+    """Adjust per-chunk costs to how ``torch.distributed.pipelining`` runs a split backward.
+
+    * Chunk 0 (the first stage): its I computes nothing (its input needs no gradient) and its W
+      runs the whole backward (torch 2.13 ``PipelineStage.backward_weight_one_chunk``), and I
+      frees nothing.
+    * Other chunks: I (``stage_backward_input``) keeps the autograd graph for W, so every stored
+      activation but the loss's softmax (above the last linear layer, freed with the stage
+      output) stays until W.
+
+    Args:
+        costs: the cost model's per-chunk costs (fp32 loss, tp = 1).
+        vocab: vocabulary size (the loss's fp32 softmax holds ``tokens x vocab x 4`` bytes).
+
+    Full backwards (B) are unaffected.
+    """
+    chunks = []
+    for c in costs.chunks:
+        if c.chunk == 0:
+            c = replace(c, backward_input_s=0.0, backward_weight_s=c.backward_s, weight_grad_bytes=c.activation_bytes)
+        else:
+            loss_bytes = costs.tokens_per_microbatch * 4 * vocab if c.has_head else 0.0
+            c = replace(c, weight_grad_bytes=c.activation_bytes - loss_bytes)
+        chunks.append(c)
+    return replace(costs, chunks=tuple(chunks))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the validation table (seconds, bytes, signed fractions)."""
+
+    schedule: str
+    speed_factor: float
+    measured_step_s: float
+    predicted_step_s: float
+    step_error: float
+    measured_activation_bytes: float
+    predicted_activation_bytes: float
+    memory_error: float
+
+
+def predict(name: str, measured: dict, cfg: ValidationModel, hardware: HardwareProfile, world: int):
+    """Simulate torch's order of ``name`` with ``hardware``; returns the :class:`ScheduleRun`."""
+    from ..scenario import run_schedule
+
+    schedule = import_schedule(name, measured, cfg.microbatches)
+    parallel = cfg.parallel(world, TORCH_SCHEDULES[name][1])
+    return run_schedule(schedule, cfg.spec(), hardware, parallel,
+                        runtime=lambda costs: torch_runtime_costs(costs, cfg.vocab))
+
+
+def _self_sharing(name: str, measured: dict, cfg: ValidationModel, hardware: HardwareProfile, world: int,
+                  preemption: float) -> float:
+    """How much longer the simulated actions take because ranks share processors (1 if they do not).
+
+    The simulated counterpart of the measured wall / CPU time: the actions' total duration with the
+    profile's processor sharing over their total without it, at the speed ``preemption`` / that
+    ratio (found by a few fixed-point steps).
+    """
+    if hardware.processors_per_node is None or world <= hardware.processors_per_node:
+        return 1.0
+
+    def busy(hw: HardwareProfile) -> float:
+        trace = predict(name, measured, cfg, hw, world).result.trace
+        actions = trace[trace["kind"].isin(["F", "B", "I", "W"])]
+        return float((actions["end_s"] - actions["start_s"]).sum())
+
+    ratio = 1.0
+    for _ in range(3):
+        hw = at_speed(hardware, max(1.0, preemption / ratio))
+        ratio = busy(hw) / busy(replace(hw, processors_per_node=None))
+    return ratio
+
+
+def compare(result: dict, hardware: HardwareProfile, correct_speed: bool = True) -> list[Row]:
+    """Rows of measured against predicted step time and activation peak (max over ranks).
+
+    Args:
+        result: rank 0's result of the ``validate`` job.
+        hardware: the profile.
+        correct_speed: predict each step at the speed the machine ran it and report the median
+            prediction; otherwise predict at the profile's speed (factor 1). On a one-thread CPU
+            rank (whose profile is in CPU time) the factor is the step's wall / CPU time of the
+            ranks' actions, i.e. how much other processes delayed them (divided by how much the
+            simulated ranks delay each other when they outnumber the cores; at least 1); elsewhere
+            it is the probe
+            time (mean of the probes before and after the step) / the profile's probe time.
+            ``speed_factor`` is the median factor.
+    """
+    cfg = ValidationModel(**result["model"])
+    keys = {k: [tuple(x) for x in v] for k, v in result["probe_keys"].items()}
+    expected_probe = probe_seconds(keys, hardware)
+    rows = []
+    for name, measured in result["schedules"].items():
+        probes = measured["probe_s"]
+        steps = range(len(measured["step_times_s"]))
+        if not correct_speed:
+            factors = [1.0 for _ in steps]
+        elif result.get("cpu_time_profile"):
+            # a one-thread CPU profile is in CPU time: scale by how much other processes delayed
+            # the step's actions; ranks beyond the cores delay each other too, which processor
+            # sharing already simulates, so that part is divided out
+            factors = [max(1.0, measured["preemption"][i] / _self_sharing(name, measured, cfg, hardware, result["world"],
+                                                                            measured["preemption"][i]))
+                       for i in steps]
+        else:  # each step runs at the mean speed of the probes just before and just after it
+            factors = [(probes[i] + probes[i + 1]) / 2 / expected_probe for i in steps]
+        cache: dict[float, object] = {}
+        for f in factors:
+            key = round(f, 3)
+            if key not in cache:
+                cache[key] = predict(name, measured, cfg, at_speed(hardware, key), result["world"])
+        run = cache[round(factors[0], 3)]
+        mem = run.result.memory
+        static = mem[mem["time_s"] == 0].groupby("rank")["bytes"].first()
+        predicted_act = float((mem.groupby("rank")["bytes"].max() - static).max())
+        measured_step = statistics.median(measured["step_times_s"])
+        measured_act = float(max(measured["activation_peak_bytes"]))
+        predicted_step = statistics.median(cache[round(f, 3)].report.step_time_s for f in factors)
+        factor = statistics.median(factors)
+        rows.append(Row(
+            schedule=name, speed_factor=factor, measured_step_s=measured_step, predicted_step_s=predicted_step,
+            step_error=predicted_step / measured_step - 1,
+            measured_activation_bytes=measured_act, predicted_activation_bytes=predicted_act,
+            memory_error=predicted_act / measured_act - 1 if measured_act > 0 else 0.0,
+        ))
+    return rows
+
+
+def parse_schedules(text: str | None) -> list[str]:
+    """``--schedules`` (comma-separated, case-insensitive, optional ``Schedule`` prefix) -> names.
+
+    Raises:
+        SimtrainError: an unknown name, or none at all.
+    """
+    if text is None:
+        return list(TORCH_SCHEDULES)
+    names = []
+    for raw in text.split(","):
+        key = raw.strip().lower().removeprefix("schedule").replace("-", "").replace("_", "")
+        if not key:
+            continue
+        if key not in TORCH_SCHEDULES:
+            raise SimtrainError(f"--schedules: unknown torch schedule '{raw.strip()}'; choose from {list(TORCH_SCHEDULES)}")
+        names.append(key)
+    if not names:
+        raise SimtrainError("--schedules: give at least one schedule name")
+    return names

@@ -1,0 +1,238 @@
+"""Calibration fits and the calibrated profile, on synthetic measurements (no torch needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from simtrain.calibration.fit import (
+    build_profile,
+    elementwise_fit,
+    fit_alpha_beta,
+    write_profile,
+)
+from simtrain.calibration.validate import (
+    ValidationModel,
+    import_schedule,
+    parse_schedules,
+    stage_placement,
+    torch_runtime_costs,
+)
+from simtrain.costs import stage_costs
+from simtrain.errors import SimtrainError, validate_model
+from simtrain.hardware import GB, ProfileFile, load_profile, profile_from_file_model
+from simtrain.models import ModelSpec
+from simtrain.parallel import ParallelConfig
+from simtrain.scenario import run_schedule
+from simtrain.schedules.ir import OverlapAction, Schedule, parse_action
+
+from conftest import reference_records
+
+
+def test_alpha_beta_fit_recovers_latency_and_bandwidth():
+    points = [dict(bytes=n, seconds=150e-6 + n / 2.5e9) for n in (4096, 65536, 1 << 20, 1 << 24)]
+    fit = fit_alpha_beta(points)
+    assert fit.latency_s == pytest.approx(150e-6, rel=1e-6)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(2.5e9, rel=1e-6)
+    assert fit.r2 == pytest.approx(1.0)
+    rec = fit.to_record()
+    assert rec["latency_us"] == pytest.approx(150) and rec["bandwidth_gb_per_s"] == pytest.approx(2.5)
+    assert [r["bytes"] for r in rec["residuals"]] == [4096, 65536, 1 << 20, 1 << 24]
+    assert all(abs(r["error"]) < 1e-6 for r in rec["residuals"])
+
+
+def test_alpha_beta_fit_weighs_small_messages_like_large_ones():
+    # a 20% outlier at the largest size must not wreck the small-message latency
+    points = [dict(bytes=n, seconds=100e-6 + n / 1e9) for n in (4096, 16384, 65536, 262144)]
+    points.append(dict(bytes=1 << 24, seconds=1.2 * (100e-6 + (1 << 24) / 1e9)))
+    fit = fit_alpha_beta(points)
+    assert fit.latency_s == pytest.approx(100e-6, rel=0.25)
+    assert 0 < fit.r2 <= 1
+
+
+def test_alpha_beta_fit_rejects_times_that_do_not_grow():
+    with pytest.raises(SimtrainError, match="do not grow with size"):
+        fit_alpha_beta([dict(bytes=1000, seconds=2e-3), dict(bytes=10**6, seconds=1e-3)])
+    with pytest.raises(SimtrainError, match="at least two message sizes"):
+        fit_alpha_beta([dict(bytes=1000, seconds=2e-3)])
+
+
+def test_elementwise_bandwidth_per_class_reproduces_the_class_total():
+    points = [
+        {"class": "norm", "kernel": "layernorm_F", "tokens": 256, "hidden": 256, "model_bytes": 10e6, "seconds": 1e-3},
+        {"class": "norm", "kernel": "layernorm_B", "tokens": 256, "hidden": 256, "model_bytes": 30e6, "seconds": 2e-3},
+        {"class": "add", "kernel": "residual_add_F", "tokens": 256, "hidden": 256, "model_bytes": 50e6, "seconds": 1e-3},
+    ]
+    rates, residuals = elementwise_fit(points)
+    assert rates == pytest.approx({"norm": 40e6 / 3e-3, "add": 50e9})
+    assert residuals[0]["gb_per_s"] == pytest.approx(10.0)
+    assert residuals[0]["error"] == pytest.approx((10e6 / rates["norm"]) / 1e-3 - 1, rel=1e-3)
+
+
+def _synthetic_measurements(action_s: float, message_s: float) -> dict:
+    """What microbench would return on a machine that exactly follows simtrain's model."""
+    lin = []
+    for t, k, n in ((256, 256, 768), (256, 256, 256), (256, 256, 1024), (256, 1024, 256), (256, 256, 2048)):
+        for kind, rate in (("F", 80e9), ("I", 90e9), ("W", 85e9)):
+            lin.append(dict(tokens=t, fan_in=k, fan_out=n, kind=kind, seconds=2 * t * k * n / rate, cv=0.02))
+    attention = [dict(seq_len=128, head_dim=64, heads=4, batch=2, kind="F", seconds=4 * 2 * 4 * 128**2 * 64 / 40e9, cv=0.0),
+                 dict(seq_len=128, head_dim=64, heads=4, batch=2, kind="B", seconds=8 * 2 * 4 * 128**2 * 64 / 20e9, cv=0.0)]
+    elementwise = [{"class": c, "kernel": c, "tokens": 256, "hidden": 256, "model_bytes": 1e6, "seconds": 1e6 / r,
+                    "cv": 0.0} for c, r in (("norm", 15e9), ("activation", 9e9), ("add", 50e9))]
+    meas = dict(
+        torch_version="2.13.0+cpu", device_name="test CPU", backend="gloo", world=2, local_world=2,
+        threads_per_rank=1, cpu_cores=2, dtype="fp32",
+        compute=dict(linear=lin, attention=attention, elementwise=elementwise, layer=[],
+                     peak={"bf16": 0.01}, copy=dict(bytes=2**25, seconds=2 * 2**25 / 20e9, cv=0.01)),
+        comm=dict(p2p={"intra_node": [dict(bytes=n, seconds=120e-6 + n / 3e9) for n in (4096, 65536, 1 << 20, 1 << 22)]},
+                  all_reduce=[dict(bytes=n, seconds=400e-6 + n / 1e9) for n in (4096, 65536, 1 << 20)],
+                  all_to_all=[dict(bytes=n, seconds=200e-6 + n / 2e9) for n in (4096, 65536, 1 << 20)], world=2),
+    )
+    return meas
+
+
+def _with_layers_and_overheads(meas: dict, slowdown: dict, action_s: float, message_s: float) -> dict:
+    """Fill the whole-layer and trivial-pipeline measurements by simulating the fitted profile."""
+    partial = dict(meas, overhead=dict(width=64, batch_per_microbatch=2, runs=[]))
+    partial["compute"] = dict(meas["compute"], layer=[])
+    data = build_profile(partial, None, quick=True)  # no layers/overhead runs yet: factors 1, 0 us
+    hw = load_profile_from(data)
+    spec = ModelSpec(name="layer", num_layers=3, hidden_size=256, ffn_hidden_size=1024, num_heads=4,
+                     vocab_size=8, seq_len=128, activation="gelu", norm="layernorm", bias=False)
+    par = ParallelConfig(microbatches=10**6, microbatch_size=2, seq_len=128, dtype="fp32", recompute="selective",
+                         sequence_parallel=False)
+    layer = stage_costs(spec, par, hw, 3).chunks[1]
+    f = layer.forward_s * slowdown["F"]
+    i = layer.backward_input_s * slowdown["I"]
+    times = dict(F=f, FB=f + layer.backward_s * slowdown["B"], FI=f + i, FIW=f + i + layer.backward_weight_s * slowdown["W"])
+    layers = [dict(hidden=256, tokens=256, seq_len=128, heads=4, kind=k, layers=4, seconds=v) for k, v in times.items()]
+    truth = dataclasses.replace(hw, action_overhead_s=action_s, message_overhead_s=message_s)
+    runs = []
+    for name, per_rank in (("gpipe", 1), ("interleaved1f1b", 2)):
+        for m in (4, 16):
+            orders = _trivial_orders(name, m)
+            sched = Schedule(name, m, tuple(stage_placement(name, 2)), tuple(tuple(map(parse_action, o)) for o in orders))
+            model = ModelSpec(name="trivial", num_layers=sched.num_stages, hidden_size=64, ffn_hidden_size=64,
+                              num_heads=1, vocab_size=1, seq_len=1)
+            step = run_schedule(sched, model, truth, ParallelConfig(microbatch_size=2, dtype="fp32"),
+                                op_times=(1e-9, 1e-9, 0.0)).report.step_time_s
+            runs.append(dict(schedule=name, microbatches=m, seconds=step, cv=0.0, orders=orders,
+                             stage_to_rank=stage_placement(name, 2)))
+    out = dict(meas, overhead=dict(width=64, batch_per_microbatch=2, runs=runs))
+    out["compute"] = dict(meas["compute"], layer=layers)
+    return out
+
+
+def _trivial_orders(name: str, m: int) -> list[list[str]]:
+    """GPipe from simtrain's generator; interleaved 1F1B from torch's recorded order (reference data)."""
+    if name == "gpipe":
+        return [[f"{r}F{j}" for j in range(m)] + [f"{r}B{j}" for j in range(m)] for r in range(2)]
+    rec = next(r for r in reference_records("torch:Interleaved1F1B") if r["p"] == 2 and r["m"] == m and r["v"] == 2)
+    return [rec["orders"]["0"], rec["orders"]["1"]]
+
+
+def load_profile_from(data: dict):
+    """The SI profile of a profile file's contents."""
+    return profile_from_file_model(validate_model(ProfileFile, data, "test"))
+
+
+def test_build_profile_recovers_every_fitted_value():
+    meas = _with_layers_and_overheads(_synthetic_measurements(0, 0), dict(F=1.07, B=1.03, I=1.12, W=1.09), 100e-6, 600e-6)
+    data = build_profile(meas, None, quick=True)
+    hw = load_profile_from(data)
+    assert hw.linear_flops_per_s(256, 256, 1024, "I", "fp32") == pytest.approx(90e9, rel=1e-3)
+    assert hw.linear_flops_per_s(300, 250, 1000, "W", "fp32") == pytest.approx(85e9, rel=1e-3)  # nearest shape
+    assert hw.attention_flops_per_s(128, 64, "fp32", backward=True) == pytest.approx(20e9, rel=1e-3)
+    assert hw.elementwise_bytes_per_s == pytest.approx({"norm": 15e9, "activation": 9e9, "add": 50e9}, rel=1e-3)
+    assert hw.intra_node.latency_s == pytest.approx(120e-6, rel=1e-3)
+    assert hw.intra_node.bandwidth_bytes_per_s == pytest.approx(3e9, rel=1e-3)
+    assert hw.hbm_bandwidth_bytes_per_s == pytest.approx(20e9, rel=1e-3)
+    assert hw.layer_slowdown == pytest.approx(dict(F=1.07, B=1.03, I=1.12, W=1.09), rel=2e-3)
+    assert hw.action_overhead_s == pytest.approx(100e-6, rel=0.02)
+    assert hw.message_overhead_s == pytest.approx(600e-6, rel=0.02)
+    assert hw.processors_per_node == 2 and hw.peak_flops["bf16"] == pytest.approx(0.01e12)
+    rec = data["calibration"]
+    assert rec["torch_version"] == "2.13.0+cpu" and rec["backend"] == "gloo" and rec["date"]
+    assert rec["links"]["intra_node"]["r2"] == pytest.approx(1.0)
+    assert rec["links"]["inter_node"]["measured"] is False
+    assert all(abs(r["error"]) < 0.01 for r in rec["overheads"]["residuals"])
+    assert "ring_model_error" in rec["collectives"]["all_reduce"]
+
+
+def test_write_profile_never_overwrites_without_force(tmp_path):
+    meas = _with_layers_and_overheads(_synthetic_measurements(0, 0), dict(F=1.0, B=1.0, I=1.0, W=1.0), 0.0, 300e-6)
+    data = build_profile(meas, None, quick=True)
+    path = tmp_path / "cpu.yaml"
+    write_profile(path, data, force=False)
+    assert load_profile(path).name == "cpu-calibrated"
+    before = path.read_text()
+    with pytest.raises(SimtrainError, match="cpu.yaml: the file exists; choose a new name or pass --force"):
+        write_profile(path, data, force=False)
+    assert path.read_text() == before
+    write_profile(path, {**data, "name": "again"}, force=True)
+    assert yaml.safe_load(path.read_text())["name"] == "again"
+
+
+def test_base_profile_keeps_unmeasured_fabric(tmp_path):
+    meas = _with_layers_and_overheads(_synthetic_measurements(0, 0), dict(F=1.0, B=1.0, I=1.0, W=1.0), 0.0, 0.0)
+    data = build_profile(meas, "h100-sxm", quick=False)
+    hw = load_profile_from(data)
+    h100 = load_profile("h100-sxm")
+    assert data["name"] == "h100-sxm-calibrated" and hw.hbm_bytes == h100.hbm_bytes
+    # inter-node not measured: the base's bandwidth with its efficiency folded in
+    assert hw.inter_node.bandwidth_bytes_per_s * hw.inter_node.efficiency == pytest.approx(
+        h100.inter_node.bandwidth_bytes_per_s * h100.inter_node.efficiency)
+    assert hw.intra_node.bandwidth_bytes_per_s == pytest.approx(3 * GB, rel=1e-3)
+
+
+@pytest.mark.parametrize("name", ["interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev"])
+def test_torch_orders_import_into_the_ir(name):
+    torch_name = {"interleaved1f1b": "Interleaved1F1B", "loopedbfs": "LoopedBFS",
+                  "interleavedzerobubble": "InterleavedZeroBubble", "zbvzerobubble": "ZBVZeroBubble",
+                  "dualpipev": "DualPipeV"}[name]
+    rec = next(r for r in reference_records(f"torch:{torch_name}") if r["p"] == 2 and r["m"] == 4 and r["v"] == 2)
+    orders = [rec["orders"]["0"], rec["orders"]["1"]]
+    flat = [[str(p) for t in o for p in parse_action(t).parts] for o in orders]
+    placement = stage_placement(name, 2)
+    assert placement == [int(rec["stage_to_rank"][str(s)]) for s in range(len(placement))]
+    sched = import_schedule(name, dict(orders=orders, recorded=flat, stage_to_rank=placement), 4)
+    assert sched.num_stages == 4 and sched.num_microbatches == 4
+    overlapped = [a for o in sched.orders for a in o if isinstance(a, OverlapAction)]
+    assert bool(overlapped) == (name == "dualpipev")
+    # a rank that ran something else is reported, not simulated
+    wrong = [list(reversed(flat[0])), flat[1]]
+    with pytest.raises(SimtrainError, match=f"validate {name}: torch's schedule for rank 0 lists"):
+        import_schedule(name, dict(orders=orders, recorded=wrong, stage_to_rank=placement), 4)
+
+
+def test_torch_runtime_costs_move_the_first_stage_backward_to_w():
+    cfg = ValidationModel()
+    hw = load_profile("h100-sxm")
+    costs = stage_costs(cfg.spec(), cfg.parallel(2, 2), hw, 4)
+    adjusted = torch_runtime_costs(costs, cfg.vocab)
+    first, last = adjusted.chunks[0], adjusted.chunks[-1]
+    assert first.backward_input_s == 0 and first.backward_weight_s == pytest.approx(costs.chunks[0].backward_s)
+    assert first.weight_grad_bytes == first.activation_bytes
+    loss = costs.tokens_per_microbatch * 4 * cfg.vocab
+    assert last.weight_grad_bytes == pytest.approx(last.activation_bytes - loss)
+    assert adjusted.chunks[1].forward_s == costs.chunks[1].forward_s
+
+
+def test_validate_schedule_names():
+    assert parse_schedules("GPipe, Schedule1F1B,dualpipev") == ["gpipe", "1f1b", "dualpipev"]
+    assert len(parse_schedules(None)) == 7
+    with pytest.raises(SimtrainError, match="--schedules: unknown torch schedule 'zb-h1'"):
+        parse_schedules("gpipe,zb-h1")
+    with pytest.raises(SimtrainError, match="at least one"):
+        parse_schedules(" , ")
+
+
+def test_validation_model_is_described_to_the_cost_model():
+    cfg = ValidationModel()
+    spec = cfg.spec()
+    assert (spec.num_layers, spec.hidden_size, spec.ffn_hidden_size, spec.num_heads) == (8, 256, 1024, 4)
+    assert spec.activation == "gelu" and spec.norm == "layernorm" and not spec.bias
+    # per layer: 4 h^2 attention + 2 x h x 4h MLP weights + 2 LayerNorms (weight and bias)
+    assert spec.layer_params(0) == 12 * 256**2 + 4 * 256

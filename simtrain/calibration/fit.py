@@ -414,6 +414,9 @@ def build_profile(meas: dict, base: str | None, quick: bool) -> dict:
     compute_section["message_overhead_us"] = _sig(message_s * 1e6)
     record["overheads"] = dict(action_us=_sig(action_s * 1e6), message_us=_sig(message_s * 1e6),
                                residuals=overhead_res)
+    probe = compute.get("speed_probe")
+    if probe:  # validation's reference speed (simtrain.calibration.validate.probe_reference)
+        record["speed_probe"] = dict(seconds=probe["seconds"], cv=_sig(probe["cv"]), model=probe["model"])
     validate_model(ProfileFile, data, "calibrated profile")
     return data
 

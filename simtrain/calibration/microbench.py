@@ -340,8 +340,13 @@ def layer_cases(torch, device, dtype, hidden: list[int], tokens: list[int], seq_
 
 
 def compute_benchmarks(ctx: RankContext, spec: dict, progress: Progress) -> dict:
-    """Linear layers, attention, elementwise kernels and a copy on this rank's device."""
+    """Linear layers, attention, elementwise kernels, a copy and validation's speed probe
+    (:func:`simtrain.calibration.validate.probe_cases`) on this rank's device."""
+    import dataclasses
+
     import torch
+
+    from .validate import default_model, probe_cases
 
     dev, dtype = ctx.device, _dtype(torch, spec["dtype"])
     grid = (QUICK_GRID if spec["quick"] else DEFAULT_GRID)[ctx.device.type]
@@ -359,10 +364,17 @@ def compute_benchmarks(ctx: RankContext, spec: dict, progress: Progress) -> dict
         layer=layer_cases(torch, dev, dtype, hidden, tokens, seq_len, head_dim),
     )
     fns = [fn for _, group in groups.values() for fn in group]
+    # The validation run's speed probe, timed in the same rounds as the kernels: the machine's
+    # speed at the moments these rates were measured, against which validation compares its own
+    # probes (a VM's speed drifts by 10-40% over minutes, CALIBRATION_NOTES).
+    probe_model = default_model(ctx.world, dev.type, quick=False)
+    _, probe_fns = probe_cases(torch, probe_model, dev, _dtype(torch, "fp32"))
+    fns.append(lambda: [fn() for fn in probe_fns])
     progress(f"compute kernels|0|{repeats}")
     samples = timer.round_robin(fns, repeats, lambda r: progress(f"compute kernels|{r}|{repeats}"))
     medians = _median_over_ranks(ctx, [typical(s) for s in samples])
     spread = _median_over_ranks(ctx, [_cv(s) for s in samples])
+    out["speed_probe"] = dict(model=dataclasses.asdict(probe_model), seconds=medians.pop(), cv=spread.pop())
     fields = dict(
         linear=("tokens", "fan_in", "fan_out", "kind"),
         attention=("seq_len", "head_dim", "heads", "batch", "kind"),

@@ -366,7 +366,7 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
         return F.cross_entropy(logits.flatten(0, 1), tgt.flatten())
 
     probe_keys, probe_fns = probe_cases(torch, cfg, dev, torch.float32)
-    timer = Timer(torch, dev)
+    timer = Timer(torch, dev, cpu_time=ctx.threads == 1)  # as calibration timed its probe
 
     def probe() -> float:
         ctx.barrier()
@@ -519,6 +519,19 @@ def _self_sharing(name: str, measured: dict, cfg: ValidationModel, hardware: Har
     return ratio
 
 
+def probe_reference(result: dict, hardware: HardwareProfile) -> float:
+    """Seconds the speed probe took when ``hardware`` was calibrated.
+
+    The probe calibration recorded (``calibration.speed_probe``) when it was built for this
+    validation model; otherwise the time the profile predicts for it (:func:`probe_seconds`).
+    """
+    recorded = (hardware.calibration or {}).get("speed_probe") or {}
+    if recorded.get("model") == result["model"]:
+        return float(recorded["seconds"])
+    keys = {k: [tuple(x) for x in v] for k, v in result["probe_keys"].items()}
+    return probe_seconds(keys, hardware)
+
+
 def compare(result: dict, hardware: HardwareProfile, correct_speed: bool = True) -> list[Row]:
     """Rows of measured against predicted step time and activation peak (max over ranks).
 
@@ -526,32 +539,33 @@ def compare(result: dict, hardware: HardwareProfile, correct_speed: bool = True)
         result: rank 0's result of the ``validate`` job.
         hardware: the profile.
         correct_speed: predict each step at the speed the machine ran it and report the median
-            prediction; otherwise predict at the profile's speed (factor 1). On a one-thread CPU
-            rank (whose profile is in CPU time) the factor is the step's wall / CPU time of the
-            ranks' actions, i.e. how much other processes delayed them (divided by how much the
-            simulated ranks delay each other when they outnumber the cores; at least 1); elsewhere
-            it is the probe
-            time (mean of the probes before and after the step) / the profile's probe time.
-            ``speed_factor`` is the median factor.
+            prediction; otherwise predict at the profile's speed (factor 1). The machine's speed
+            while a step ran is the speed probe's time around it (the median over the schedules of
+            the probes before and after that round of steps) over its time at calibration
+            (:func:`probe_reference`): a VM's speed drifts between calibration and validation. On a
+            one-thread CPU rank, whose profile and probe are in CPU time, the factor is further
+            multiplied by the step's wall / CPU time of the ranks' actions, i.e. how much other
+            processes delayed them (divided by how much the simulated ranks delay each other when
+            they outnumber the cores; at least 1). ``speed_factor`` is the median factor.
     """
     cfg = ValidationModel(**result["model"])
-    keys = {k: [tuple(x) for x in v] for k, v in result["probe_keys"].items()}
-    expected_probe = probe_seconds(keys, hardware)
+    reference = probe_reference(result, hardware)
+    names = list(result["schedules"])
+    rounds = [statistics.median(probes) / reference
+              for probes in zip(*(result["schedules"][n]["probe_s"] for n in names))]
     rows = []
     for name, measured in result["schedules"].items():
-        probes = measured["probe_s"]
         steps = range(len(measured["step_times_s"]))
         if not correct_speed:
             factors = [1.0 for _ in steps]
-        elif result.get("cpu_time_profile"):
-            # a one-thread CPU profile is in CPU time: scale by how much other processes delayed
-            # the step's actions; ranks beyond the cores delay each other too, which processor
-            # sharing already simulates, so that part is divided out
-            factors = [max(1.0, measured["preemption"][i] / _self_sharing(name, measured, cfg, hardware, result["world"],
-                                                                            measured["preemption"][i]))
-                       for i in steps]
-        else:  # each step runs at the mean speed of the probes just before and just after it
-            factors = [(probes[i] + probes[i + 1]) / 2 / expected_probe for i in steps]
+        else:
+            factors = [(rounds[i] + rounds[i + 1]) / 2 for i in steps]
+            if result.get("cpu_time_profile"):
+                # ranks beyond the cores delay each other too, which processor sharing already
+                # simulates, so that part of the wall / CPU ratio is divided out
+                factors = [f * max(1.0, measured["preemption"][i] / _self_sharing(
+                    name, measured, cfg, hardware, result["world"], measured["preemption"][i]))
+                    for i, f in zip(steps, factors)]
         cache: dict[float, object] = {}
         for f in factors:
             key = round(f, 3)

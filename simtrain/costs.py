@@ -141,25 +141,20 @@ class StageCosts:
     expert_static_bytes_per_param: float | None = None
     expert_optimizer_s_per_param: float | None = None
 
+    def _per_param(self, chunks, dense_rate: float, expert_rate: float | None) -> float:
+        """Sum over ``chunks`` of dense parameters x ``dense_rate`` + routed-expert parameters x
+        ``expert_rate`` (``dense_rate`` when None)."""
+        expert_rate = dense_rate if expert_rate is None else expert_rate
+        return sum((self.chunks[c].params - self.chunks[c].expert_params) * dense_rate
+                   + self.chunks[c].expert_params * expert_rate for c in chunks)
+
     def static_bytes(self, chunks: set[int] | list[int]) -> float:
         """Parameter + gradient + optimizer bytes of the given chunks on one GPU."""
-        expert_rate = self.expert_static_bytes_per_param
-        total = 0.0
-        for c in chunks:
-            ch = self.chunks[c]
-            rate = self.static_bytes_per_param if expert_rate is None else expert_rate
-            total += (ch.params - ch.expert_params) * self.static_bytes_per_param + ch.expert_params * rate
-        return total
+        return self._per_param(chunks, self.static_bytes_per_param, self.expert_static_bytes_per_param)
 
     def optimizer_s(self, chunks: set[int] | list[int]) -> float:
         """Seconds of the optimizer step for the given chunks on one GPU."""
-        expert_rate = self.expert_optimizer_s_per_param
-        total = 0.0
-        for c in chunks:
-            ch = self.chunks[c]
-            rate = self.optimizer_s_per_param if expert_rate is None else expert_rate
-            total += (ch.params - ch.expert_params) * self.optimizer_s_per_param + ch.expert_params * rate
-        return total
+        return self._per_param(chunks, self.optimizer_s_per_param, self.expert_optimizer_s_per_param)
 
     def with_op_times(self, forward_s: float, backward_input_s: float, backward_weight_s: float) -> StageCosts:
         """Copy with every chunk's F, I, W replaced by fixed seconds (TP and optimizer time 0).

@@ -12,9 +12,9 @@ W = sbh·24h, the Zero Bubble paper's Table 1). Durations divide each GEMM's FLO
 achieved FLOP/s for that linear layer's pass and shape, and attention's by the attention rate
 (peak x efficiency unless calibrated). Calibrated profiles add memory-bound kernels (norms,
 activation function, residual adds, the loss softmax, gradient accumulation over microbatches:
-bytes moved / the measured bandwidth of their class) and scale every F by the measured ratio of
-a whole layer's time to the sum of its kernels (``layer_slowdown``: F; a full backward B; and I and
-W as the runtime splits the backward, which may cost more than B).
+bytes moved / the measured bandwidth of their class) and scale every pass by the measured ratio of
+a stage's actions inside real pipeline steps to the sum of their kernels (``layer_slowdown``: F; a
+full backward B; and I and W as the runtime splits the backward, which may cost more than B).
 
 Activation memory (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models", §4): the tensors each layer stores for its backward, counted element by
@@ -56,7 +56,8 @@ from .parallel import ParallelConfig
 
 OPTIMIZER_BYTES_PER_PARAM = 28
 """HBM bytes an Adam step reads and writes per parameter it updates (grad, master weight, m, v
-read; master weight, m, v, 16-bit weight written): the step is memory-bound."""
+read; master weight, m, v, 16-bit weight written): the step is memory-bound, at the HBM bandwidth
+or a calibrated profile's measured optimizer rate (``compute.optimizer_gb_per_s``)."""
 
 
 @dataclass(frozen=True)
@@ -493,14 +494,15 @@ def stage_costs(
         )
 
     optimizer_bytes = 12 if elem == 2 else 8
+    optimizer_rate = hardware.optimizer_bytes_per_s or hardware.hbm_bandwidth_bytes_per_s
     shard = parallel.dp if parallel.zero_stage >= 1 else 1
     expert_shard = parallel.dp * tp // parallel.ep if parallel.zero_stage >= 1 else 1
     return StageCosts(
         chunks=tuple(chunks),
         static_bytes_per_param=2 * weight_bytes + optimizer_bytes / shard,
         grad_bytes_per_param=weight_bytes,
-        optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / shard / hardware.hbm_bandwidth_bytes_per_s,
+        optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / shard / optimizer_rate,
         tokens_per_microbatch=tokens,
         expert_static_bytes_per_param=2 * weight_bytes + optimizer_bytes / expert_shard,
-        expert_optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / expert_shard / hardware.hbm_bandwidth_bytes_per_s,
+        expert_optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / expert_shard / optimizer_rate,
     )

@@ -129,9 +129,9 @@ class ComputeFile(_Strict):
         "model counts: norms, activation functions and the loss softmax, adds (residual, gradient accumulation)"
     )
     layer_slowdown: dict[Literal["F", "B", "I", "W"], float] = Field(
-        default_factory=dict, description="measured time of a whole transformer layer / the sum of its "
-        "kernels' times, for the forward (F), a full backward (B) and a split backward's I and W "
-        "(default: B's)"
+        default_factory=dict, description="measured time of a stage's actions inside real pipeline steps / "
+        "the sum of their kernels' times, for the forward (F), a full backward (B) and a split backward's "
+        "I and W (default: B's)"
     )
     action_overhead_us: float = Field(
         default=0.0, ge=0, description="framework time added to every pipeline action (F, B, I, W)"
@@ -143,6 +143,10 @@ class ComputeFile(_Strict):
     processors_per_node: int | None = Field(
         default=None, ge=1, description="compute units the ranks of a node share (CPU cores); "
         "default one per GPU"
+    )
+    optimizer_gb_per_s: float | None = Field(
+        default=None, gt=0, description="rate of the optimizer step in the bytes the cost model counts for "
+        "it (28 per parameter, simtrain.costs.OPTIMIZER_BYTES_PER_PARAM); default the HBM bandwidth"
     )
 
 
@@ -236,14 +240,16 @@ class HardwareProfile:
         elementwise_bytes_per_s: bandwidth of memory-bound kernels per class (``norm``,
             ``activation``, ``add``); empty leaves them out of the cost model
             (``compute.elementwise_gb_per_s``).
-        layer_slowdown: whole-layer time / kernel-sum time per pass ``F``, ``B``, ``I``, ``W``; 1
-            when absent, I and W default to B (``compute.layer_slowdown``).
+        layer_slowdown: in-pipeline action time / kernel-sum time per pass ``F``, ``B``, ``I``,
+            ``W``; 1 when absent, I and W default to B (``compute.layer_slowdown``).
         action_overhead_s: framework seconds added to every pipeline action
             (``compute.action_overhead_us``).
         message_overhead_s: seconds a p2p message adds to its sending and its receiving action
             (``compute.message_overhead_us``).
         processors_per_node: compute units shared by the ranks of one node, or None for one
             processor per GPU (``compute.processors_per_node``).
+        optimizer_bytes_per_s: rate of the optimizer step in the bytes the cost model counts, or
+            None for the HBM bandwidth (``compute.optimizer_gb_per_s``).
     """
 
     name: str
@@ -267,6 +273,7 @@ class HardwareProfile:
     action_overhead_s: float = 0.0
     message_overhead_s: float = 0.0
     processors_per_node: int | None = None
+    optimizer_bytes_per_s: float | None = None
 
     def linear_flops_per_s(self, tokens: float, fan_in: float, fan_out: float, kind: str, dtype: str) -> float:
         """Achieved FLOP/s of the ``kind`` (F, I or W) GEMM of a linear layer in ``dtype``.
@@ -378,6 +385,7 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
         action_overhead_s=comp.action_overhead_us * US,
         message_overhead_s=comp.message_overhead_us * US,
         processors_per_node=comp.processors_per_node,
+        optimizer_bytes_per_s=comp.optimizer_gb_per_s * GB if comp.optimizer_gb_per_s else None,
     )
 
 

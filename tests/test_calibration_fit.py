@@ -17,16 +17,14 @@ from simtrain.calibration.validate import (
     ValidationModel,
     import_schedule,
     parse_schedules,
+    predict,
     stage_placement,
     torch_runtime_costs,
 )
 from simtrain.costs import stage_costs
 from simtrain.errors import SimtrainError, validate_model
 from simtrain.hardware import GB, ProfileFile, load_profile, profile_from_file_model
-from simtrain.models import ModelSpec
-from simtrain.parallel import ParallelConfig
-from simtrain.scenario import run_schedule
-from simtrain.schedules.ir import OverlapAction, Schedule, parse_action
+from simtrain.schedules.ir import OverlapAction, parse_action
 
 from conftest import reference_records
 
@@ -84,7 +82,7 @@ def _synthetic_measurements(action_s: float, message_s: float) -> dict:
     meas = dict(
         torch_version="2.13.0+cpu", device_name="test CPU", backend="gloo", world=2, local_world=2,
         threads_per_rank=1, cpu_cores=2, dtype="fp32",
-        compute=dict(linear=lin, attention=attention, elementwise=elementwise, layer=[],
+        compute=dict(linear=lin, attention=attention, elementwise=elementwise,
                      peak={"bf16": 0.01}, copy=dict(bytes=2**25, seconds=2 * 2**25 / 20e9, cv=0.01)),
         comm=dict(p2p={"intra_node": [dict(bytes=n, seconds=120e-6 + n / 3e9) for n in (4096, 65536, 1 << 20, 1 << 22)]},
                   all_reduce=[dict(bytes=n, seconds=400e-6 + n / 1e9) for n in (4096, 65536, 1 << 20)],
@@ -93,43 +91,43 @@ def _synthetic_measurements(action_s: float, message_s: float) -> dict:
     return meas
 
 
-def _with_layers_and_overheads(meas: dict, slowdown: dict, action_s: float, message_s: float) -> dict:
-    """Fill the whole-layer and trivial-pipeline measurements by simulating the fitted profile."""
-    partial = dict(meas, overhead=dict(width=64, batch_per_microbatch=2, runs=[]))
-    partial["compute"] = dict(meas["compute"], layer=[])
-    data = build_profile(partial, None, quick=True)  # no layers/overhead runs yet: factors 1, 0 us
-    hw = load_profile_from(data)
-    spec = ModelSpec(name="layer", num_layers=3, hidden_size=256, ffn_hidden_size=1024, num_heads=4,
-                     vocab_size=8, seq_len=128, activation="gelu", norm="layernorm", bias=False)
-    par = ParallelConfig(microbatches=10**6, microbatch_size=2, seq_len=128, dtype="fp32", recompute="selective",
-                         sequence_parallel=False)
-    layer = stage_costs(spec, par, hw, 3).chunks[1]
-    f = layer.forward_s * slowdown["F"]
-    i = layer.backward_input_s * slowdown["I"]
-    times = dict(F=f, FB=f + layer.backward_s * slowdown["B"], FI=f + i, FIW=f + i + layer.backward_weight_s * slowdown["W"])
-    layers = [dict(hidden=256, tokens=256, seq_len=128, heads=4, kind=k, layers=4, seconds=v) for k, v in times.items()]
-    truth = dataclasses.replace(hw, action_overhead_s=action_s, message_overhead_s=message_s)
-    runs = []
-    for name, per_rank in (("gpipe", 1), ("interleaved1f1b", 2)):
-        for m in (4, 16):
-            orders = _trivial_orders(name, m)
-            sched = Schedule(name, m, tuple(stage_placement(name, 2)), tuple(tuple(map(parse_action, o)) for o in orders))
-            model = ModelSpec(name="trivial", num_layers=sched.num_stages, hidden_size=64, ffn_hidden_size=64,
-                              num_heads=1, vocab_size=1, seq_len=1)
-            step = run_schedule(sched, model, truth, ParallelConfig(microbatch_size=2, dtype="fp32"),
-                                op_times=(1e-9, 1e-9, 0.0)).report.step_time_s
-            runs.append(dict(schedule=name, microbatches=m, seconds=step, cv=0.0, orders=orders,
-                             stage_to_rank=stage_placement(name, 2)))
-    out = dict(meas, overhead=dict(width=64, batch_per_microbatch=2, runs=runs))
-    out["compute"] = dict(meas["compute"], layer=layers)
-    return out
+def _with_pipeline_runs(meas: dict, slowdown: dict, optimizer_bytes_per_s: float, action_s: float,
+                        message_s: float) -> dict:
+    """Fill the calibration pipeline runs by simulating a 'true' profile: the kernels fitted from
+    ``meas`` with the given in-situ factors, optimizer rate and overheads; every action and step
+    takes exactly what that profile predicts."""
+    data = build_profile(dict(meas, pipeline={}), None, quick=True)  # kernels and links only
+    truth = dataclasses.replace(load_profile_from(data), layer_slowdown=slowdown, action_overhead_s=action_s,
+                                message_overhead_s=message_s, optimizer_bytes_per_s=optimizer_bytes_per_s)
+    runs = {}
+    for name in ("gpipe", "interleaved1f1b", "zbvzerobubble"):
+        placement = stage_placement(name, 2)
+        for m in (4, 8):
+            cfg = ValidationModel(layers=len(placement), microbatches=m)
+            orders = _torch_orders(name, m)
+            run = dict(schedule=name, model=dataclasses.asdict(cfg), orders=orders, stage_to_rank=placement,
+                       recorded=[[str(p) for t in o for p in parse_action(t).parts] for o in orders])
+            costs = torch_runtime_costs(stage_costs(cfg.spec(), cfg.parallel(2, len(placement) // 2), truth,
+                                                    len(placement)), cfg.vocab)
+            attr = dict(F="forward_s", B="backward_s", I="backward_input_s", W="backward_weight_s")
+            run["action_compute_s"] = {f"{s}{k}": getattr(costs.chunks[s], attr[k])
+                                       for o in run["recorded"] for s, k in {(int(t[0]), t[1]) for t in o}}
+            held = [[s for s, r in enumerate(placement) if r == rank] for rank in range(2)]
+            run["params"] = [sum(costs.chunks[s].params for s in h) for h in held]
+            run["optimizer_compute_s"] = [costs.optimizer_s(h) for h in held]
+            step = predict(name, run, cfg, truth, 2).report.step_time_s
+            run.update(step_times_s=[step] * 3, preemption=[1.0] * 3, probe_s=[0.017] * 4)
+            runs[f"{name} m={m}"] = run
+    pipeline = dict(runs=runs, cpu_time_profile=True, probe_model=dataclasses.asdict(ValidationModel()))
+    return dict(meas, pipeline=pipeline)
 
 
-def _trivial_orders(name: str, m: int) -> list[list[str]]:
-    """GPipe from simtrain's generator; interleaved 1F1B from torch's recorded order (reference data)."""
+def _torch_orders(name: str, m: int) -> list[list[str]]:
+    """GPipe from simtrain's generator; torch's multi-stage orders from the reference data."""
     if name == "gpipe":
         return [[f"{r}F{j}" for j in range(m)] + [f"{r}B{j}" for j in range(m)] for r in range(2)]
-    rec = next(r for r in reference_records("torch:Interleaved1F1B") if r["p"] == 2 and r["m"] == m and r["v"] == 2)
+    torch_name = {"interleaved1f1b": "Interleaved1F1B", "zbvzerobubble": "ZBVZeroBubble"}[name]
+    rec = next(r for r in reference_records(f"torch:{torch_name}") if r["p"] == 2 and r["m"] == m and r["v"] == 2)
     return [rec["orders"]["0"], rec["orders"]["1"]]
 
 
@@ -139,7 +137,8 @@ def load_profile_from(data: dict):
 
 
 def test_build_profile_recovers_every_fitted_value():
-    meas = _with_layers_and_overheads(_synthetic_measurements(0, 0), dict(F=1.07, B=1.03, I=1.12, W=1.09), 100e-6, 600e-6)
+    slowdown = dict(F=1.07, B=1.03, I=1.12, W=1.2)
+    meas = _with_pipeline_runs(_synthetic_measurements(0, 0), slowdown, 12e9, 150e-6, 700e-6)
     data = build_profile(meas, None, quick=True)
     hw = load_profile_from(data)
     assert hw.linear_flops_per_s(256, 256, 1024, "I", "fp32") == pytest.approx(90e9, rel=1e-3)
@@ -149,20 +148,25 @@ def test_build_profile_recovers_every_fitted_value():
     assert hw.intra_node.latency_s == pytest.approx(120e-6, rel=1e-3)
     assert hw.intra_node.bandwidth_bytes_per_s == pytest.approx(3e9, rel=1e-3)
     assert hw.hbm_bandwidth_bytes_per_s == pytest.approx(20e9, rel=1e-3)
-    assert hw.layer_slowdown == pytest.approx(dict(F=1.07, B=1.03, I=1.12, W=1.09), rel=2e-3)
-    assert hw.action_overhead_s == pytest.approx(100e-6, rel=0.02)
-    assert hw.message_overhead_s == pytest.approx(600e-6, rel=0.02)
+    assert hw.layer_slowdown == pytest.approx(slowdown, rel=2e-3)
+    assert hw.optimizer_bytes_per_s == pytest.approx(12e9, rel=2e-3)
+    assert hw.action_overhead_s == pytest.approx(150e-6, rel=0.03)
+    assert hw.message_overhead_s == pytest.approx(700e-6, rel=0.03)
     assert hw.processors_per_node == 2 and hw.peak_flops["bf16"] == pytest.approx(0.01e12)
     rec = data["calibration"]
     assert rec["torch_version"] == "2.13.0+cpu" and rec["backend"] == "gloo" and rec["date"]
     assert rec["links"]["intra_node"]["r2"] == pytest.approx(1.0)
     assert rec["links"]["inter_node"]["measured"] is False
-    assert all(abs(r["error"]) < 0.01 for r in rec["overheads"]["residuals"])
+    assert all(abs(r["error"]) < 0.005 for r in rec["overheads"]["residuals"])
+    # only middle stages (no embedding, no LM head) rate the passes
+    assert {(r["stage"], r["kind"]) for r in rec["layer_slowdown"]["residuals"]} == {
+        (1, "F"), (2, "F"), (1, "B"), (2, "B"), (1, "I"), (2, "I"), (1, "W"), (2, "W")}
+    assert rec["speed_probe"]["seconds"] == pytest.approx(0.017) and rec["speed_probe"]["model"]["layers"] == 8
     assert "ring_model_error" in rec["collectives"]["all_reduce"]
 
 
 def test_write_profile_never_overwrites_without_force(tmp_path):
-    meas = _with_layers_and_overheads(_synthetic_measurements(0, 0), dict(F=1.0, B=1.0, I=1.0, W=1.0), 0.0, 300e-6)
+    meas = _with_pipeline_runs(_synthetic_measurements(0, 0), dict(F=1.0, B=1.0), 20e9, 0.0, 300e-6)
     data = build_profile(meas, None, quick=True)
     path = tmp_path / "cpu.yaml"
     write_profile(path, data, force=False)
@@ -176,7 +180,7 @@ def test_write_profile_never_overwrites_without_force(tmp_path):
 
 
 def test_base_profile_keeps_unmeasured_fabric(tmp_path):
-    meas = _with_layers_and_overheads(_synthetic_measurements(0, 0), dict(F=1.0, B=1.0, I=1.0, W=1.0), 0.0, 0.0)
+    meas = _with_pipeline_runs(_synthetic_measurements(0, 0), dict(F=1.0, B=1.0), 20e9, 0.0, 0.0)
     data = build_profile(meas, "h100-sxm", quick=False)
     hw = load_profile_from(data)
     h100 = load_profile("h100-sxm")

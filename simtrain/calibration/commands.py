@@ -27,8 +27,8 @@ from . import launch, require_torch
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
-REPEATS = {True: dict(repeats=9, comm_repeats=15, overhead_steps=12),
-           False: dict(repeats=15, comm_repeats=25, overhead_steps=20)}
+REPEATS = {True: dict(repeats=9, comm_repeats=15, pipeline_steps=10),
+           False: dict(repeats=15, comm_repeats=25, pipeline_steps=16)}
 """Repeats per case for --quick (True) and full runs."""
 
 
@@ -147,9 +147,14 @@ def _print_calibration(data: dict, path: Path) -> None:
                   + " GB/s", "bytes the cost model counts")
     if "layer_slowdown" in rec:
         slow = rec["layer_slowdown"]
-        worst = max(r["error"] for r in slow["residuals"])
-        table.add_row("whole layer / sum of kernels", ", ".join(f"{k} {slow[k]:.3f}" for k in "FBIW"),
-                      f"{len(slow['residuals'])} shapes, worst {worst:.0%}")
+        passes = [k for k in "FBIW" if k in slow]
+        spread = {k: [r["ratio"] for r in slow["residuals"] if r["kind"] == k] for k in passes}
+        table.add_row("in-pipeline actions / sum of kernels", ", ".join(f"{k} {slow[k]:.3f}" for k in passes),
+                      f"{len(slow['residuals'])} actions, ratios " + ", ".join(
+                          f"{k} {min(v):.2f}-{max(v):.2f}" for k, v in spread.items()))
+    if "optimizer" in rec:
+        table.add_row("optimizer step (Adam)", f"{rec['optimizer']['gb_per_s']:.1f} GB/s",
+                      f"{len(rec['optimizer']['residuals'])} rank steps, cost-model bytes")
     table.add_row("copy (memory bandwidth)", f"{rec['copy']['gb_per_s']:.1f} GB/s", f"CV {rec['copy']['cv']:.0%}")
     for cls, link in rec.get("links", {}).items():
         if link.get("measured"):
@@ -165,8 +170,8 @@ def _print_calibration(data: dict, path: Path) -> None:
     ov = rec["overheads"]
     worst = max(ov["residuals"], key=lambda r: abs(r["error"]), default=None)
     table.add_row("per-action / per-message overhead", f"{ov['action_us']:.0f} us / {ov['message_us']:.0f} us",
-                  f"{len(ov['residuals'])} trivial pipelines" + (
-                      f", worst {worst['schedule']} m={worst['microbatches']} {worst['error']:+.0%}" if worst else ""))
+                  f"{len(ov['residuals'])} pipeline runs" + (
+                      f", worst {worst['run']} {worst['error']:+.1%}" if worst else ""))
     if comp.get("processors_per_node"):
         table.add_row("processors per node", str(comp["processors_per_node"]), "ranks beyond this share them")
     out.print(table)

@@ -11,15 +11,24 @@
 * Elementwise kernels: one bandwidth per class (norm, activation, add), the bytes the cost model
   counts for them divided by their measured time (summed over kernels and shapes); each kernel's
   own rate is kept as a residual.
-* Whole layers: ``layer_slowdown`` = measured layer time / the cost model's sum of its kernels
-  (median over shapes; F, a full backward B, and torch's split backward I and W), which the cost
-  model applies: kernels inside a model run slower than alone (caches, allocation, framework work
-  between kernels), and a split backward costs more than a full one.
-* Copy: read + write bytes / seconds, the profile's memory bandwidth (optimizer step).
-* Per-action and per-message overheads: the values with which simtrain's own simulation of the
-  trivial pipelines (three torch schedules, two microbatch counts, each in the order its ranks
-  ran) reproduces their measured step times (non-negative least squares; the simulated step is
-  linear in both), so p2p latency is not counted twice.
+* Copy: read + write bytes / seconds, the profile's memory bandwidth.
+* Real pipeline steps of the calibration model (:func:`.microbench.pipeline_benchmark`), fitted in
+  this order, each with what the previous ones found:
+
+  - ``layer_slowdown`` (:func:`in_situ_slowdown`): per pass (F, a full backward B, and torch's
+    split backward I and W), the time the middle stages' actions took inside the steps over the
+    cost model's sum of their kernels; the cost model applies it. Kernels inside a training step
+    run slower than alone (activations of several microbatches alive, caches, allocation,
+    autograd and pipelining code between kernels), and a split backward costs more than a full
+    one.
+  - ``optimizer_gb_per_s`` (:func:`optimizer_rate`): the Adam steps' rate in the bytes the cost
+    model counts for them.
+  - per-action and per-message overheads (:func:`fit_overheads`): the values with which
+    simtrain's own simulation of the same runs (each in the order its ranks ran) reproduces their
+    step times (non-negative least squares; the simulated step is piecewise linear in both), so
+    p2p latency is not counted twice.
+  - the speed probe's median over the steps: the machine's speed while all this was measured,
+    which ``validate`` compares its own probes with.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -156,93 +166,135 @@ def elementwise_fit(points: list[dict]) -> tuple[dict[str, float], list[dict]]:
     return rates, residuals
 
 
-def layer_slowdown_fit(profile_data: dict, points: list[dict], dtype: str) -> tuple[dict[str, float], list[dict]]:
-    """Measured time of a whole layer / the cost model's sum of its kernels, for F, B, I and W.
+# ----------------------------------------------------------------------------- real pipeline steps
+PASS_COST = dict(F="forward_s", B="backward_s", I="backward_input_s", W="backward_weight_s")
+"""The :class:`simtrain.costs.ChunkCost` attribute each recorded action kind is compared with."""
 
-    The cost model's layer comes from :func:`simtrain.costs.stage_costs` on a 3-layer model cut
-    in 3 (the middle chunk is one plain layer) with the profile being built (without slowdown);
-    gradient accumulation is counted for every backward, as the benchmark accumulates. The
-    factors are medians over the measured shapes; residuals give each shape's ratio against them.
-    """
+
+def _pipeline_costs(hw, run: dict, world: int):
+    """The cost model's per-chunk costs of one calibration run (torch's runtime adjustments applied)."""
     from ..costs import stage_costs
+    from .validate import TORCH_SCHEDULES, ValidationModel, torch_runtime_costs
 
-    hw = profile_from_file_model(validate_model(ProfileFile, profile_data, "calibrated profile"))
-    by_shape: dict[tuple, dict] = {}
-    for p in points:
-        by_shape.setdefault((p["hidden"], p["tokens"], p["seq_len"], p["heads"]), {})[p["kind"]] = p["seconds"]
-    ratios = []
-    for (h, t, s, heads), m in sorted(by_shape.items()):
-        spec = ModelSpec(name="layer", num_layers=3, hidden_size=h, ffn_hidden_size=4 * h, num_heads=heads,
-                         vocab_size=8, seq_len=s, activation="gelu", norm="layernorm", bias=False)
-        par = ParallelConfig(microbatches=10**6, microbatch_size=max(1, t // s), seq_len=s, dtype=dtype,
-                             recompute="selective", sequence_parallel=False)
-        layer = stage_costs(spec, par, hw, 3).chunks[1]
-        measured = dict(F=m["F"], B=m["FB"] - m["F"], I=m["FI"] - m["F"], W=m["FIW"] - m["FI"])
-        predicted = dict(F=layer.forward_s, B=layer.backward_s, I=layer.backward_input_s, W=layer.backward_weight_s)
-        ratios.append(((h, t), {k: measured[k] / predicted[k] for k in measured}))
-    factors = {k: float(np.median([r[k] for _, r in ratios])) for k in ("F", "B", "I", "W")}
-    residuals = [
-        dict(hidden=h, tokens=t, **{f"{k}_ratio": _sig(r[k]) for k in factors},
-             error=_sig(max(abs(factors[k] / r[k] - 1) for k in factors)))
-        for (h, t), r in ratios
-    ]
-    return factors, residuals
+    cfg = ValidationModel(**run["model"])
+    per_rank = TORCH_SCHEDULES[run["schedule"]][1]
+    costs = stage_costs(cfg.spec(), cfg.parallel(world, per_rank), hw, world * per_rank)
+    return torch_runtime_costs(costs, cfg.vocab)
 
 
-# ----------------------------------------------------------------------------- per-action overhead
-def fit_overheads(profile_data: dict, overhead: dict) -> tuple[float, float, list[dict]]:
-    """Per-action and per-message seconds with which the simulator reproduces the trivial pipelines.
+def in_situ_slowdown(profile_data: dict, pipeline: dict, world: int) -> tuple[dict[str, float], list[dict]]:
+    """Per-pass ratio of what a stage's actions took inside real pipeline steps to the cost model's
+    sum of their kernels: the profile's ``layer_slowdown``.
 
-    Each run of :func:`simtrain.calibration.microbench.overhead_benchmark` is simulated in the
-    order its ranks ran, with the profile's links; the simulated step is piecewise linear in both
-    overheads (``base + a·action + b·message`` near any point), so they are found by non-negative
-    least squares over all runs (relative errors), linearising again around each new estimate.
+    Every F, B, I and W that the calibration runs (:func:`simtrain.calibration.microbench.pipeline_benchmark`)
+    recorded on a middle stage (no embedding, no LM head: torch computes the loss outside the
+    stage's forward) is compared, in the compute clock, with the kernels the cost model counts for
+    it under the profile being built without slowdown. Inside a step the kernels run with
+    several microbatches' activations alive, after other stages' work, with torch's autograd and
+    pipelining code in between: all of that is in the ratio. A pass's factor is its actions' total
+    measured time over their total kernel time; a pass no run measured is left out (the cost model
+    then uses 1 for F and B, and B's factor for I and W).
 
-    Args:
-        profile_data: the profile being built (file form; links already calibrated).
-        overhead: the benchmark's result.
+    Returns:
+        ``(factors, residuals)``; residuals give per run, stage and pass the measured and kernel
+        milliseconds and the ratio.
+    """
+    hw = replace(profile_from_file_model(validate_model(ProfileFile, profile_data, "calibrated profile")),
+                 layer_slowdown={})
+    sums: dict[str, list[float]] = {}
+    rows = []
+    for label, run in pipeline["runs"].items():
+        chunks = _pipeline_costs(hw, run, world).chunks
+        for key, measured in sorted(run["action_compute_s"].items()):
+            stage, kind = int(key[:-1]), key[-1]
+            chunk = chunks[stage]
+            if chunk.has_embedding or chunk.has_head or kind not in PASS_COST:
+                continue
+            kernels = getattr(chunk, PASS_COST[kind])
+            sums.setdefault(kind, [0.0, 0.0])
+            sums[kind][0] += measured
+            sums[kind][1] += kernels
+            rows.append(dict(run=label, stage=stage, kind=kind, measured_ms=_sig(measured * 1e3),
+                             kernels_ms=_sig(kernels * 1e3), ratio=_sig(measured / kernels)))
+    factors = {k: m / p for k, (m, p) in sorted(sums.items()) if p > 0}
+    return factors, rows
+
+
+def optimizer_rate(pipeline: dict) -> tuple[float, list[dict]]:
+    """Bytes/s of the optimizer step in the bytes the cost model counts (``OPTIMIZER_BYTES_PER_PARAM``
+    per parameter), from the Adam steps of the calibration runs (all runs and ranks together).
+
+    Returns:
+        ``(bytes_per_s, residuals)`` with each run's and rank's parameters, milliseconds and rate.
+    """
+    from ..costs import OPTIMIZER_BYTES_PER_PARAM
+
+    total_bytes = total_s = 0.0
+    rows = []
+    for label, run in pipeline["runs"].items():
+        for rank, (params, seconds) in enumerate(zip(run["params"], run["optimizer_compute_s"])):
+            nbytes = OPTIMIZER_BYTES_PER_PARAM * params
+            total_bytes += nbytes
+            total_s += seconds
+            rows.append(dict(run=label, rank=rank, params=int(params), measured_ms=_sig(seconds * 1e3),
+                             gb_per_s=_sig(nbytes / seconds / GB)))
+    return total_bytes / total_s, rows
+
+
+def fit_overheads(profile_data: dict, pipeline: dict, world: int) -> tuple[float, float, list[dict]]:
+    """Per-action and per-message seconds with which the simulator reproduces the calibration runs.
+
+    Each run of :func:`simtrain.calibration.microbench.pipeline_benchmark` is simulated in the
+    order its ranks ran, with the profile being built (kernels, in-situ factors, optimizer, links),
+    at the speed its steps ran (on one-thread CPU ranks: the median wall / CPU time of the ranks'
+    actions, as ``validate`` predicts); the simulated step is piecewise linear in both overheads
+    (``base + a·action + b·message`` near any point), so they are found by non-negative least
+    squares over all runs (relative errors), linearising again around each new estimate. Inside a
+    real step a message costs more than between idle ranks (on gloo a transfer from or to a rank
+    that is computing waits for its communication thread to be scheduled), which is why the runs
+    carry real compute and activation-sized messages.
 
     Returns:
         ``(action_s, message_s, residuals)``; residuals give measured and simulated steps.
     """
-    from ..scenario import run_schedule
-    from ..schedules.ir import Schedule, parse_action
+    from .validate import ValidationModel, at_speed, cpu_slowdown, predict
 
     hw = profile_from_file_model(validate_model(ProfileFile, profile_data, "calibrated profile"))
-    width = overhead["width"]
+    runs = list(pipeline["runs"].items())
+    speed = {}
+    for label, run in runs:
+        cfg = ValidationModel(**run["model"])
+        speed[label] = (cpu_slowdown(run["schedule"], run, cfg, hw, world, statistics.median(run["preemption"]))
+                        if pipeline.get("cpu_time_profile") else 1.0)
 
-    def simulate(run: dict, action_s: float, message_s: float) -> float:
-        orders = tuple(tuple(parse_action(t) for t in rank) for rank in run["orders"])
-        schedule = Schedule(run["schedule"], run["microbatches"], tuple(run["stage_to_rank"]), orders)
-        model = ModelSpec(name="trivial pipeline", num_layers=schedule.num_stages, hidden_size=width,
-                          ffn_hidden_size=width, num_heads=1, vocab_size=1, seq_len=1)
-        par = ParallelConfig(microbatch_size=overhead["batch_per_microbatch"], dtype="fp32")
-        probe = replace(hw, action_overhead_s=action_s, message_overhead_s=message_s)
-        return run_schedule(schedule, model, probe, par, op_times=(1e-9, 1e-9, 0.0)).report.step_time_s
+    def simulate(label: str, run: dict, action_s: float, message_s: float) -> float:
+        probe = at_speed(replace(hw, action_overhead_s=action_s, message_overhead_s=message_s), speed[label])
+        cfg = ValidationModel(**run["model"])
+        return predict(run["schedule"], run, cfg, probe, world).report.step_time_s
 
+    measured = {label: statistics.median(run["step_times_s"]) for label, run in runs}
     # The simulated step is piecewise linear in the two overheads (the critical path can change),
     # so linearise around the current estimate and solve again until it settles.
     coef = np.zeros(2)
     step_s = 1e-5
     for _ in range(4):
         rows = []
-        for run in overhead["runs"]:
-            base = simulate(run, *coef)
-            a = (simulate(run, coef[0] + step_s, coef[1]) - base) / step_s
-            b = (simulate(run, coef[0], coef[1] + step_s) - base) / step_s
-            rows.append((run, base - a * coef[0] - b * coef[1], a, b))
-        y = np.array([(r["seconds"] - intercept) / r["seconds"] for r, intercept, _, _ in rows])
-        design = np.array([[a / r["seconds"], b / r["seconds"]] for r, _, a, b in rows])
+        for label, run in runs:
+            base = simulate(label, run, *coef)
+            a = (simulate(label, run, coef[0] + step_s, coef[1]) - base) / step_s
+            b = (simulate(label, run, coef[0], coef[1] + step_s) - base) / step_s
+            rows.append((measured[label], base - a * coef[0] - b * coef[1], a, b))
+        y = np.array([(t - intercept) / t for t, intercept, _, _ in rows])
+        design = np.array([[a / t, b / t] for t, _, a, b in rows])
         new = _nonnegative_lstsq(design, y)
         if np.allclose(new, coef, rtol=1e-4, atol=1e-9):
             break
         coef = new
     residuals = []
-    for run, *_ in rows:
-        sim = simulate(run, *coef)
-        residuals.append(dict(schedule=run["schedule"], microbatches=run["microbatches"],
-                              measured_ms=_sig(run["seconds"] * 1e3), simulated_ms=_sig(sim * 1e3),
-                              error=_sig(sim / run["seconds"] - 1)))
+    for label, run in runs:
+        sim = simulate(label, run, *coef)
+        residuals.append(dict(run=label, measured_ms=_sig(measured[label] * 1e3), simulated_ms=_sig(sim * 1e3),
+                              speed_factor=_sig(speed[label]), error=_sig(sim / measured[label] - 1)))
     return float(coef[0]), float(coef[1]), residuals
 
 
@@ -403,20 +455,26 @@ def build_profile(meas: dict, base: str | None, quick: bool) -> dict:
         compute_section["processors_per_node"] = processors
     data["compute"] = compute_section
     data["calibration"] = record
-    if compute.get("layer"):
-        slowdown, slowdown_res = layer_slowdown_fit(data, compute["layer"], dtype)
-        compute_section["layer_slowdown"] = {k: _sig(v) for k, v in slowdown.items()}
-        record["layer_slowdown"] = dict(**{k: _sig(v) for k, v in slowdown.items()}, residuals=slowdown_res)
+    pipeline = meas.get("pipeline") or {}
     action_s, message_s, overhead_res = 0.0, 0.0, []
-    if meas.get("overhead", {}).get("runs"):
-        action_s, message_s, overhead_res = fit_overheads(data, meas["overhead"])
+    if pipeline.get("runs"):
+        rate, rate_res = optimizer_rate(pipeline)
+        compute_section["optimizer_gb_per_s"] = _sig(rate / GB)
+        record["optimizer"] = dict(gb_per_s=_sig(rate / GB), residuals=rate_res)
+        slowdown, slowdown_res = in_situ_slowdown(data, pipeline, meas["world"])
+        if slowdown:
+            compute_section["layer_slowdown"] = {k: _sig(v) for k, v in slowdown.items()}
+        record["layer_slowdown"] = dict(**{k: _sig(v) for k, v in slowdown.items()}, residuals=slowdown_res)
+        action_s, message_s, overhead_res = fit_overheads(data, pipeline, meas["world"])
+        probes = [p for run in pipeline["runs"].values() for p in run["probe_s"]]
+        # validation's reference speed (simtrain.calibration.validate.probe_reference): the probe
+        # timed between these steps, at the same speed as the in-situ factors and overheads
+        record["speed_probe"] = dict(seconds=statistics.median(probes), cv=_sig(float(np.std(probes) / np.mean(probes))),
+                                     model=pipeline["probe_model"])
     compute_section["action_overhead_us"] = _sig(action_s * 1e6)
     compute_section["message_overhead_us"] = _sig(message_s * 1e6)
     record["overheads"] = dict(action_us=_sig(action_s * 1e6), message_us=_sig(message_s * 1e6),
                                residuals=overhead_res)
-    probe = compute.get("speed_probe")
-    if probe:  # validation's reference speed (simtrain.calibration.validate.probe_reference)
-        record["speed_probe"] = dict(seconds=probe["seconds"], cv=_sig(probe["cv"]), model=probe["model"])
     validate_model(ProfileFile, data, "calibrated profile")
     return data
 

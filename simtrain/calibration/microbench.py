@@ -17,16 +17,19 @@ on a one-thread CPU rank is timed in thread CPU time, see :class:`Timer`):
 * **elementwise kernels** by class — norms (LayerNorm), activations (GeLU, the loss's
   log-softmax), adds (residual, gradient accumulation) — forward and backward at the
   transformer's shapes, rated in the bytes the cost model counts for them.
-* **whole layers**: a stack of real transformer layers, forward and backward, at each grid shape;
-  :mod:`.fit` compares them with the sum of their kernels (``layer_slowdown``).
-* **copy**: a large ``copy_`` (read + write bytes / seconds): the memory bandwidth used for the
-  optimizer step.
+* **copy**: a large ``copy_`` (read + write bytes / seconds): the memory bandwidth.
 * **communication** (torch.distributed): p2p send/recv ping-pong between a pair of ranks in one
   node and, with several nodes, across nodes; all-reduce and all-to-all over all ranks; for a
   range of message sizes.
-* **per-action and per-message overhead**: steps of trivial pipelines (one tiny linear layer per
-  stage) run by three torch schedules (GPipe, Interleaved1F1B, ZBVZeroBubble) for two microbatch counts;
-  :mod:`.fit` finds the per-action and per-message times with which the simulator reproduces them.
+* **real pipeline steps** of a calibration model (the validation transformer's architecture with
+  one layer per stage, at the grid's first shape) run by three torch schedules (GPipe,
+  Interleaved1F1B, ZBVZeroBubble) for two microbatch counts, with Adam, stepped round-robin with
+  the speed probe before each step (:func:`pipeline_benchmark`). Kernels timed alone miss what a
+  stage pays inside a step (several microbatches' activations alive, other stages' work between
+  its kernels, autograd and pipelining code, and on gloo messages that wait for a busy peer), so
+  :mod:`.fit` takes from these steps the per-pass factors of real actions over their kernels, the
+  optimizer's rate, and the per-action and per-message times with which the simulator reproduces
+  the steps.
 
 :func:`run_rank` returns, on rank 0, a JSON-able dict of raw measurements; :mod:`.fit` turns it
 into a profile.
@@ -293,60 +296,9 @@ def transformer_layer(torch, hidden: int, heads: int, ffn: int):
     return Block()
 
 
-def layer_cases(torch, device, dtype, hidden: list[int], tokens: list[int], seq_len: int, head_dim: int):
-    """Whole transformer layers per (h, tokens): forward (``F``), forward + full backward with
-    gradient accumulation (``FB``), and forward + the backward split as torch's zero-bubble runtime
-    splits it (``torch.distributed.pipelining``'s ``stage_backward_input``: ``FI``; then
-    ``stage_backward_weight``: ``FIW``). B, I and W are the differences.
-
-    Each case runs a stack of layers larger than the cache (so weights are read cold, as in a
-    stage) and reports per-layer seconds. Keys ``(hidden, tokens, seq_len, heads, pass, layers)``.
-    """
-    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
-
-    keys, fns = [], []
-    elem = torch.tensor([], dtype=dtype).element_size()
-    for h in hidden:
-        heads = max(1, h // head_dim)
-        for t in tokens:
-            s = min(seq_len, t)
-            b = max(1, t // s)
-            count = max(1, min(8, math.ceil(COLD_BYTES[device.type] / (12 * h * h * elem))))
-            layers = [transformer_layer(torch, h, heads, 4 * h).to(device=device, dtype=dtype) for _ in range(count)]
-            x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
-
-            def forward(layers=layers, x=x):
-                y = x
-                for layer in layers:
-                    y = layer(y)
-                return y
-
-            params = [p for layer in layers for p in layer.parameters()]
-
-            def forward_backward(forward=forward):
-                y = forward()
-                y.backward(torch.ones_like(y))
-
-            def forward_input(forward=forward, params=params, x=x):
-                y = forward()
-                return stage_backward_input([y], [torch.ones_like(y)], [x], iter(params))[1]
-
-            def forward_input_weight(forward_input=forward_input, params=params):
-                stage_backward_weight(iter(params), forward_input())
-
-            keys += [(h, t, s, heads, kind, count) for kind in ("F", "FB", "FI", "FIW")]
-            fns += [forward, forward_backward, forward_input, forward_input_weight]
-    return keys, fns
-
-
 def compute_benchmarks(ctx: RankContext, spec: dict, progress: Progress) -> dict:
-    """Linear layers, attention, elementwise kernels, a copy and validation's speed probe
-    (:func:`simtrain.calibration.validate.probe_cases`) on this rank's device."""
-    import dataclasses
-
+    """Linear layers, attention, elementwise kernels and a copy on this rank's device."""
     import torch
-
-    from .validate import default_model, probe_cases
 
     dev, dtype = ctx.device, _dtype(torch, spec["dtype"])
     grid = (QUICK_GRID if spec["quick"] else DEFAULT_GRID)[ctx.device.type]
@@ -356,30 +308,20 @@ def compute_benchmarks(ctx: RankContext, spec: dict, progress: Progress) -> dict
     timer = Timer(torch, dev, cpu_time=ctx.threads == 1)
     out: dict = {}
 
-    seq_len, head_dim, _ = grid[3][0]
     groups = dict(
         linear=linear_cases(torch, dev, dtype, hidden, tokens, grid[2]),
         attention=attention_cases(torch, dev, dtype, grid[3], max(tokens)),
         elementwise=elementwise_cases(torch, dev, dtype, hidden, tokens, grid[2]),
-        layer=layer_cases(torch, dev, dtype, hidden, tokens, seq_len, head_dim),
     )
     fns = [fn for _, group in groups.values() for fn in group]
-    # The validation run's speed probe, timed in the same rounds as the kernels: the machine's
-    # speed at the moments these rates were measured, against which validation compares its own
-    # probes (a VM's speed drifts by 10-40% over minutes, CALIBRATION_NOTES).
-    probe_model = default_model(ctx.world, dev.type, quick=False)
-    _, probe_fns = probe_cases(torch, probe_model, dev, _dtype(torch, "fp32"))
-    fns.append(lambda: [fn() for fn in probe_fns])
     progress(f"compute kernels|0|{repeats}")
     samples = timer.round_robin(fns, repeats, lambda r: progress(f"compute kernels|{r}|{repeats}"))
     medians = _median_over_ranks(ctx, [typical(s) for s in samples])
     spread = _median_over_ranks(ctx, [_cv(s) for s in samples])
-    out["speed_probe"] = dict(model=dataclasses.asdict(probe_model), seconds=medians.pop(), cv=spread.pop())
     fields = dict(
         linear=("tokens", "fan_in", "fan_out", "kind"),
         attention=("seq_len", "head_dim", "heads", "batch", "kind"),
         elementwise=("class", "kernel", "tokens", "hidden", "model_bytes"),
-        layer=("hidden", "tokens", "seq_len", "heads", "kind", "layers"),
     )
     start = 0
     for name, (keys, _) in groups.items():
@@ -388,8 +330,6 @@ def compute_benchmarks(ctx: RankContext, spec: dict, progress: Progress) -> dict
             for key, sec, cv in zip(keys, medians[start:start + len(keys)], spread[start:start + len(keys)])
         ]
         start += len(keys)
-    for row in out["layer"]:
-        row["seconds"] /= row["layers"]  # per layer
     del groups, fns
 
     out["peak"] = peak_benchmarks(ctx, timer)
@@ -504,77 +444,57 @@ def _synchronised_round_robin(ctx: RankContext, timer: Timer, cases, repeats: in
     return samples
 
 
-# ----------------------------------------------------------------------------- per-action overhead
-OVERHEAD_MICROBATCHES = (4, 16)
-OVERHEAD_SCHEDULES = ("gpipe", "interleaved1f1b", "zbvzerobubble")
-"""torch runtimes whose trivial pipelines calibrate the per-action and per-message overheads: the
-single-stage runtime (GPipe) and the multi-stage one (Interleaved1F1B, about one message per
-action like GPipe; ZBVZeroBubble, whose V placement passes half the activations within a rank,
-which separates per-action from per-message cost, with split I/W actions). ``Schedule1F1B`` fuses
-a send and a receive into one call (about half the cost per message on gloo); simtrain does not
-model that fusion, so it over-estimates 1F1B's overhead slightly."""
+# ----------------------------------------------------------------------------- real pipeline steps
+PIPELINE_SCHEDULES = ("gpipe", "interleaved1f1b", "zbvzerobubble")
+"""torch runtimes whose steps calibrate what a pipeline stage really costs: the single-stage
+runtime (GPipe) and the multi-stage one (Interleaved1F1B: full backwards on middle stages;
+ZBVZeroBubble: split I/W backwards, and a V placement that passes half the activations within a
+rank, which separates per-action from per-message cost). ``Schedule1F1B`` fuses a send and a
+receive into one call (about half the cost per message on gloo); simtrain does not model that
+fusion, so it over-estimates 1F1B's overhead slightly."""
 
 
-def overhead_benchmark(ctx: RankContext, spec: dict, progress: Progress) -> dict:
-    """Step times of trivial pipelines (a 64-wide linear layer per stage) for several torch
-    schedules and microbatch counts, with the per-rank action order each ran.
+def calibration_models(spec: dict, device: str, world: int) -> dict[str, tuple[str, object]]:
+    """The calibration model's cases: label -> (torch schedule, model).
 
-    Compute is negligible, so a step is framework overhead and p2p time;
-    :func:`simtrain.calibration.fit.fit_overheads` separates per-action and per-message costs by
-    simulating the same orders.
-
-    Returns:
-        ``{"width", "batch_per_microbatch", "runs": [{schedule, microbatches, seconds, cv,
-        orders, stage_to_rank}]}``.
+    The model is the validation transformer's architecture (:func:`transformer_layer` blocks,
+    embedding, LM head and cross-entropy loss) with ONE layer per pipeline stage, at the first hidden
+    size and token count of the GEMM grid (``--hidden``, ``--tokens``), the grid's first attention
+    shape and vocabulary; each schedule runs it with ``world`` and ``3·world`` microbatches.
     """
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining import schedules as torch_schedules
+    from .validate import TORCH_SCHEDULES, ValidationModel
 
-    from .validate import TORCH_SCHEDULES, Recorder, stage_placement
+    grid = (QUICK_GRID if spec["quick"] else DEFAULT_GRID)[device]
+    h = (spec.get("hidden") or grid[0])[0]
+    t = (spec.get("tokens") or grid[1])[0]
+    seq_len, head_dim, _ = grid[3][0]
+    cases = {}
+    for name in PIPELINE_SCHEDULES:
+        stages = world * TORCH_SCHEDULES[name][1]
+        for m in (world, 3 * world):
+            cfg = ValidationModel(layers=stages, hidden=h, heads=max(1, h // head_dim), ffn=4 * h, vocab=grid[2][0],
+                                  seq_len=min(seq_len, t), microbatch_size=max(1, t // seq_len), microbatches=m)
+            cases[f"{name} m={m}"] = (name, cfg)
+    return cases
 
-    width, per_mb = 64, 2
-    steps = spec["overhead_steps"]
-    cases = []
-    for name in OVERHEAD_SCHEDULES:
-        for m in OVERHEAD_MICROBATCHES:
-            cls_name, per_rank = TORCH_SCHEDULES[name]
-            placement = stage_placement(name, ctx.world)
-            n = len(placement)
-            mine = [st for st in range(n) if placement[st] == ctx.rank]
-            torch.manual_seed(0)
-            stages = [PipelineStage(torch.nn.Linear(width, width, device=ctx.device), st, n, ctx.device)
-                      for st in mine]
-            recorder = Recorder()
-            for stage in stages:
-                recorder.wrap(stage)
-            sched = getattr(torch_schedules, cls_name)(stages[0] if per_rank == 1 else stages, m,
-                                                       loss_fn=lambda out, tgt: ((out - tgt) ** 2).mean())
-            x = torch.randn(m * per_mb, width, device=ctx.device)
-            tgt = torch.randn(m * per_mb, width, device=ctx.device)
-            args = (x,) if 0 in mine else ()
-            kwargs = dict(target=tgt) if n - 1 in mine else {}
-            cases.append(dict(schedule=name, microbatches=m, placement=placement, recorder=recorder, times=[],
-                              step=lambda sched=sched, args=args, kwargs=kwargs: sched.step(*args, **kwargs)))
-    total = (steps + 2) * len(cases)
-    for r in range(steps + 2):  # round-robin over the cases; the first two rounds warm up
-        progress(f"per-action overhead|{r * len(cases)}|{total}")
-        for case in cases:
-            case["recorder"].events.clear()
-            case["times"].append(timed_step(ctx, case["step"]))
-    runs = []
-    for case in cases:
-        mine_order = [e[0] for e in case["recorder"].events]
-        orders: list = [mine_order]
-        if ctx.world > 1:
-            orders = [None] * ctx.world
-            dist.all_gather_object(orders, mine_order)
-        times = case["times"][2:]
-        runs.append(dict(schedule=case["schedule"], microbatches=case["microbatches"], seconds=typical(times),
-                         cv=_cv(times), orders=orders, stage_to_rank=case["placement"]))
-    progress(f"per-action overhead|{total}|{total}")
-    return dict(width=width, batch_per_microbatch=per_mb, runs=runs)
+
+def pipeline_benchmark(ctx: RankContext, spec: dict, progress: Progress) -> dict:
+    """Real training steps (torch pipeline schedule, Adam) of the calibration model
+    (:func:`calibration_models`), measured by :func:`simtrain.calibration.validate.measure_schedules`:
+    step times, every action's time in the compute clock, the optimizer step, and the speed probe
+    before each step (at the validation model's shapes: validation compares its own probes with
+    these).
+
+    :mod:`.fit` takes per-pass in-situ factors from the actions (``layer_slowdown``), the optimizer
+    rate from the optimizer steps, and the per-action and per-message overheads with which simtrain's
+    simulation of the same orders reproduces the step times.
+    """
+    from .validate import default_model, measure_schedules
+
+    cases = calibration_models(spec, ctx.device.type, ctx.world)
+    probe_model = default_model(ctx.world, ctx.device.type, quick=False)
+    tagged = lambda line: progress(f"pipeline steps: {line}")  # noqa: E731
+    return measure_schedules(ctx, cases, probe_model, spec["pipeline_steps"], 2, tagged, memory=False)
 
 
 def timed_step(ctx: RankContext, fn: Callable[[], object]) -> float:
@@ -600,7 +520,7 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
     Args:
         ctx: this rank.
         spec: ``device``, ``dtype``, ``quick``, ``repeats``, ``comm_repeats``,
-            ``overhead_steps``, optional ``hidden`` and ``tokens`` lists.
+            ``pipeline_steps``, optional ``hidden`` and ``tokens`` lists.
         progress: ``"phase|done|total"`` lines.
     """
     import torch
@@ -619,7 +539,7 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
     ctx.barrier()
     result["comm"] = comm_benchmarks(ctx, spec, progress) if ctx.world > 1 else None
     ctx.barrier()
-    result["overhead"] = overhead_benchmark(ctx, spec, progress)
+    result["pipeline"] = pipeline_benchmark(ctx, spec, progress)
     return result
 
 

@@ -13,7 +13,11 @@ schedules (:data:`TORCH_SCHEDULES`). Per schedule the ranks measure:
 * **torch's own action order**: ``pipeline_order`` of multi-stage schedules (with their
   overlapped F&B actions), or, for single-stage ones, the order the stages actually ran
   (recorded by wrapping the stage's forward/backward calls); both are checked against the
-  recorded execution.
+  recorded execution;
+* the speed probe before each step, and each action's and optimizer step's time.
+
+``calibrate`` runs the same measurement (:func:`measure_schedules`) on its own calibration model
+(one layer per stage) to learn what stages cost inside real steps; it never sees these runs.
 
 The parent process then imports each order into simtrain's IR, simulates it with the profile and
 compares (:func:`compare`). The costs get two adjustments that describe torch's runtime rather
@@ -27,7 +31,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from ..costs import StageCosts, split_layers
 from ..errors import SimtrainError
@@ -241,24 +245,67 @@ def at_speed(hardware: HardwareProfile, factor: float) -> HardwareProfile:
         },
         elementwise_bytes_per_s={k: v / factor for k, v in hardware.elementwise_bytes_per_s.items()},
         hbm_bandwidth_bytes_per_s=hardware.hbm_bandwidth_bytes_per_s / factor,
+        optimizer_bytes_per_s=hardware.optimizer_bytes_per_s / factor if hardware.optimizer_bytes_per_s else None,
         action_overhead_s=hardware.action_overhead_s * factor,
     )
 
 
-class Recorder:
-    """Wraps a stage's forward/backward calls to record the actions it runs: ``(action text,
-    wall start, wall end, thread CPU seconds)``."""
+class ComputeClock:
+    """The clock calibration times compute with, on one rank.
 
-    def __init__(self):
-        self.events: list[tuple[str, float, float, float]] = []
+    Thread CPU time on a CPU rank with one torch thread (other processes sharing the cores cannot
+    inflate it; validation measures that slowdown separately), wall time on a CPU rank with more
+    threads, and CUDA events on a GPU (the GPU time of the work queued between ``start`` and
+    ``stop``, without synchronising in between).
+    """
+
+    def __init__(self, torch, device, threads: int):
+        self.torch = torch
+        self.cuda = device.type == "cuda"
+        self.cpu_time = not self.cuda and threads == 1
+
+    def start(self):
+        """A mark before some work: pass it to :meth:`stop`."""
+        if self.cuda:
+            event = self.torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.thread_time() if self.cpu_time else time.perf_counter()
+
+    def stop(self, mark):
+        """A pending duration since ``mark``: :meth:`seconds` resolves it."""
+        if self.cuda:
+            event = self.torch.cuda.Event(enable_timing=True)
+            event.record()
+            return (mark, event)
+        return (time.thread_time() if self.cpu_time else time.perf_counter()) - mark
+
+    def seconds(self, pending) -> float:
+        """Seconds of a :meth:`stop` result (synchronises with the GPU first)."""
+        if self.cuda:
+            start, end = pending
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        return pending
+
+
+class Recorder:
+    """Wraps a stage's forward/backward calls to record the actions it runs: ``(action text, wall
+    start, wall end, thread CPU seconds, compute-clock pending duration)`` (:class:`ComputeClock`)."""
+
+    def __init__(self, clock: ComputeClock | None = None):
+        self.clock = clock
+        self.events: list[tuple] = []
 
     def wrap(self, stage) -> None:
         def wrapped(method, kind_of: Callable[..., str]):
             def call(chunk, *args, **kwargs):
+                mark = self.clock.start() if self.clock else None
                 c0, t0 = time.thread_time(), time.perf_counter()
                 out = method(chunk, *args, **kwargs)
                 t1, c1 = time.perf_counter(), time.thread_time()
-                self.events.append((f"{stage.stage_index}{kind_of(kwargs)}{chunk}", t0, t1, c1 - c0))
+                pending = self.clock.stop(mark) if self.clock else None
+                self.events.append((f"{stage.stage_index}{kind_of(kwargs)}{chunk}", t0, t1, c1 - c0, pending))
                 return out
             return call
 
@@ -282,35 +329,61 @@ def _schedule_orders(sched, name: str, world: int, recorded: list[list[str]]) ->
 class _TorchRun:
     """One torch schedule on this rank: its stages, optimizer, recorder, and one training step."""
 
-    def __init__(self, torch, ctx: RankContext, name: str, cfg: ValidationModel, loss_fn, tokens, target):
+    def __init__(self, torch, ctx: RankContext, name: str, cfg: ValidationModel, clock: ComputeClock):
+        import torch.nn.functional as F
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining import schedules as torch_schedules
 
         cls_name, per_rank = TORCH_SCHEDULES[name]
-        self.torch, self.ctx, self.name = torch, ctx, name
+        self.torch, self.ctx, self.name, self.cfg, self.clock = torch, ctx, name, cfg, clock
         self.placement = stage_placement(name, ctx.world)
         n_stages = len(self.placement)
         mine = [s for s in range(n_stages) if self.placement[s] == ctx.rank]
         self.modules = [_build_stage_module(torch, cfg, s, n_stages, ctx.device, torch.float32) for s in mine]
         stages = [PipelineStage(mod, s, n_stages, ctx.device) for mod, s in zip(self.modules, mine)]
-        self.recorder = Recorder()
+        self.recorder = Recorder(clock)
         for st in stages:
             self.recorder.wrap(st)
+
+        def loss_fn(logits, tgt):
+            return F.cross_entropy(logits.flatten(0, 1), tgt.flatten())
+
         cls = getattr(torch_schedules, cls_name)
         self.sched = cls(stages[0] if per_rank == 1 else stages, cfg.microbatches, loss_fn=loss_fn)
         self.params = [p for mod in self.modules for p in mod.parameters()]
         self.opt = torch.optim.Adam(self.params, lr=1e-4)
+        g = torch.Generator().manual_seed(0)
+        shape = (cfg.microbatch_size * cfg.microbatches, cfg.seq_len)
+        tokens = torch.randint(0, cfg.vocab, shape, generator=g).to(ctx.device)
+        target = torch.randint(0, cfg.vocab, shape, generator=g).to(ctx.device)
         self.args = (tokens,) if 0 in mine else ()
         self.kwargs = dict(target=target) if n_stages - 1 in mine else {}
         self.times: list[float] = []
         self.probes: list[float] = []
         self.busy: list[tuple[float, float]] = []  # per step: (wall, thread CPU) seconds in actions
+        self.optimizer: list = []  # per step: the optimizer step's pending compute-clock duration
+        self.actions: dict[str, list] = {}  # per stage and kind: pending compute-clock durations
 
     def train_step(self) -> None:
-        """``schedule.step()``, the optimizer step and ``zero_grad``."""
+        """``schedule.step()``, the optimizer step (timed with the compute clock) and ``zero_grad``."""
         self.sched.step(*self.args, **self.kwargs)
+        mark = self.clock.start()
         self.opt.step()
+        self.optimizer.append(self.clock.stop(mark))
         self.opt.zero_grad(set_to_none=self.ctx.device.type != "cuda")
+
+    def measured_step(self) -> float:
+        """One timed step (:func:`simtrain.calibration.microbench.timed_step`), recording its actions."""
+        from .microbench import timed_step
+
+        self.recorder.events.clear()
+        self.times.append(timed_step(self.ctx, self.train_step))
+        events = self.recorder.events
+        self.busy.append((sum(e[2] - e[1] for e in events), sum(e[3] for e in events)))
+        for e in events:
+            act = parse_action(e[0])
+            self.actions.setdefault(f"{act.stage}{act.kind}", []).append(e[4])
+        return self.times[-1]
 
     def activation_peak(self) -> float:
         """Activation bytes this rank holds at its peak during one (untimed) step."""
@@ -331,98 +404,129 @@ class _TorchRun:
         return float(meter.peak)
 
 
-def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
-    """The ``validate`` job on one rank: every requested schedule, measured; rank 0 returns all.
+def measure_schedules(ctx: RankContext, cases: dict[str, tuple[str, ValidationModel]], probe_model: ValidationModel,
+                      steps: int, warmup: int, progress: Progress, memory: bool) -> dict:
+    """Train each case (a torch schedule and a model) for a few steps on this rank; measure them.
 
-    The schedules are stepped round-robin (after ``warmup`` steps each, ``steps`` rounds of one
-    step of every schedule), each step preceded by the speed probe (and the last followed by one),
-    so that a machine whose speed drifts affects all schedules alike and each step's speed is
-    known.
+    Used by ``validate`` (the validation model) and by ``calibrate`` (its calibration model). The
+    cases are stepped round-robin (after ``warmup`` steps each, ``steps`` rounds of one step of
+    every case), each step preceded by the speed probe (:func:`probe_cases` at ``probe_model``'s
+    shapes; the last step also followed by one), so that a machine whose speed drifts affects all
+    cases alike and each step's speed is known.
 
     Args:
-        spec: ``device``, ``schedules`` (names), ``model`` (:class:`ValidationModel` fields),
-            ``steps``, ``warmup``.
+        cases: label -> (schedule name, model).
+        memory: also measure each rank's activation peak (one extra, untimed step per case).
 
     Returns:
-        ``{"schedules": {name: {...}}, "world", "model", "probe_keys"}``; per schedule the step
-        times, the probe time before each step, per-rank activation peaks, torch's orders, what
-        the ranks ran, the placement, and per-action measured durations.
+        label -> ``{schedule, model, step_times_s, probe_s, preemption, orders, recorded,
+        stage_to_rank, action_s, action_compute_s, optimizer_compute_s, params,
+        activation_peak_bytes}``: step times (seconds from a common start until the slowest
+        rank is done), the probe's seconds before each step (median over ranks), per step the
+        ranks' wall / thread CPU time in actions, torch's orders and what the ranks ran, the
+        placement, per stage and kind the median wall and compute-clock seconds of an action
+        (:class:`ComputeClock`), per rank the median compute-clock seconds of the optimizer step
+        and its parameter count, and per rank the activation peak (0 unless ``memory``).
     """
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
-    from .microbench import Timer, timed_step
-
-    cfg = ValidationModel(**spec["model"])
     dev = ctx.device
-    steps, warmup = spec["steps"], spec["warmup"]
-    b, m = cfg.microbatch_size, cfg.microbatches
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab, (b * m, cfg.seq_len), generator=g).to(dev)
-    target = torch.randint(0, cfg.vocab, (b * m, cfg.seq_len), generator=g).to(dev)
-
-    def loss_fn(logits, tgt):
-        return F.cross_entropy(logits.flatten(0, 1), tgt.flatten())
-
-    probe_keys, probe_fns = probe_cases(torch, cfg, dev, torch.float32)
-    timer = Timer(torch, dev, cpu_time=ctx.threads == 1)  # as calibration timed its probe
+    clock = ComputeClock(torch, dev, ctx.threads)
+    probe_keys, probe_fns = probe_cases(torch, probe_model, dev, torch.float32)
 
     def probe() -> float:
         ctx.barrier()
-        return sum(timer.once(fn) for fn in probe_fns)
+        total = 0.0
+        for fn in probe_fns:
+            mark = clock.start()
+            fn()
+            total += clock.seconds(clock.stop(mark))
+        return total
 
     for fn in probe_fns:  # warm-up
         fn()
-    names = spec["schedules"]
-    total = len(names) * (warmup + steps)
+    total = len(cases) * (warmup + steps)
     runs = []
-    for name in names:
-        run = _TorchRun(torch, ctx, name, cfg, loss_fn, tokens, target)
-        for _ in range(warmup):
+    for label, (name, cfg) in cases.items():
+        run = _TorchRun(torch, ctx, name, cfg, clock)
+        for w in range(warmup):
             run.train_step()
-            progress(f"warm-up {name}|{len(runs) * warmup + _ + 1}|{total}")
-        runs.append(run)
+            progress(f"warm-up {label}|{len(runs) * warmup + w + 1}|{total}")
+        run.optimizer.clear()
+        runs.append((label, run))
     for step in range(steps):
-        for i, run in enumerate(runs):
-            progress(f"step {step + 1}/{steps}: {run.name}|{len(names) * (warmup + step) + i + 1}|{total}")
+        for i, (label, run) in enumerate(runs):
+            progress(f"step {step + 1}/{steps}: {label}|{len(cases) * (warmup + step) + i + 1}|{total}")
             run.probes.append(probe())
-            run.recorder.events.clear()
-            run.times.append(timed_step(ctx, run.train_step))
-            run.busy.append((sum(e[2] - e[1] for e in run.recorder.events), sum(e[3] for e in run.recorder.events)))
-    for run in runs:  # the probe after each schedule's last step
+            run.measured_step()
+    for _, run in runs:  # the probe after each case's last step
         run.probes.append(probe())
 
     out: dict = {}
-    for run in runs:
+    for label, run in runs:
         executed = [e[0] for e in run.recorder.events]  # the last measured step
-        durations: dict[str, list[float]] = {}
-        for text, t0, t1, _ in run.recorder.events:
+        wall: dict[str, list[float]] = {}
+        for text, t0, t1, *_ in run.recorder.events:
             act = parse_action(text)
-            durations.setdefault(f"{act.stage}{act.kind}", []).append(t1 - t0)
-        ctx.barrier()
-        peak = run.activation_peak()
-        ctx.barrier()
-        gathered: list = [None] * ctx.world
-        dist.all_gather_object(gathered, dict(executed=executed, peak=peak, probes=run.probes, busy=run.busy,
-                                              durations={k: statistics.median(v) for k, v in durations.items()}))
+            wall.setdefault(f"{act.stage}{act.kind}", []).append(t1 - t0)
+        mine = dict(
+            executed=executed, probes=run.probes, busy=run.busy,
+            wall={k: statistics.median(v) for k, v in wall.items()},
+            compute={k: statistics.median(clock.seconds(p) for p in v) for k, v in run.actions.items()},
+            optimizer=statistics.median(clock.seconds(p) for p in run.optimizer),
+            params=sum(p.numel() for p in run.params),
+            peak=0.0,
+        )
+        if memory:
+            ctx.barrier()
+            mine["peak"] = run.activation_peak()
+            ctx.barrier()
+        gathered: list = [mine]
+        if ctx.world > 1:
+            gathered = [None] * ctx.world
+            dist.all_gather_object(gathered, mine)
         recorded = [r["executed"] for r in gathered]
-        out[run.name] = dict(
+        out[label] = dict(
+            schedule=run.name, model=asdict(run.cfg),
             step_times_s=run.times,
             activation_peak_bytes=[r["peak"] for r in gathered],
             orders=_schedule_orders(run.sched, run.name, ctx.world, recorded), recorded=recorded,
             stage_to_rank=run.placement,
-            action_s={k: v for r in gathered for k, v in r["durations"].items()},
+            action_s={k: v for r in gathered for k, v in r["wall"].items()},
+            action_compute_s={k: v for r in gathered for k, v in r["compute"].items()},
+            optimizer_compute_s=[r["optimizer"] for r in gathered],
+            params=[r["params"] for r in gathered],
             probe_s=[statistics.median(step) for step in zip(*(r["probes"] for r in gathered))],
             # per step, wall / thread CPU time of all ranks' actions: how much other processes
             # delayed the compute (1 when the ranks had their cores to themselves)
             preemption=[sum(b[0] for b in step) / sum(b[1] for b in step)
                         for step in zip(*(r["busy"] for r in gathered))],
         )
+    return dict(runs=out, probe_keys={k: [list(x) for x in v] for k, v in probe_keys.items()},
+                probe_model=asdict(probe_model),
+                cpu_time_profile=clock.cpu_time)
+
+
+def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
+    """The ``validate`` job on one rank: every requested schedule on the validation model,
+    measured by :func:`measure_schedules`; rank 0 returns all.
+
+    Args:
+        spec: ``device``, ``schedules`` (names), ``model`` (:class:`ValidationModel` fields),
+            ``steps``, ``warmup``.
+
+    Returns:
+        ``{"schedules": {name: {...}}, "world", "model", "probe_keys", "cpu_time_profile"}`` with
+        :func:`measure_schedules`' measurements per schedule.
+    """
+    cfg = ValidationModel(**spec["model"])
+    cases = {name: (name, cfg) for name in spec["schedules"]}
+    measured = measure_schedules(ctx, cases, cfg, spec["steps"], spec["warmup"], progress, memory=True)
+    total = len(cases) * (spec["warmup"] + spec["steps"])
     progress(f"done|{total}|{total}")
-    return dict(schedules=out, world=ctx.world, model=spec["model"],
-                cpu_time_profile=dev.type == "cpu" and ctx.threads == 1,
-                probe_keys={k: [list(x) for x in v] for k, v in probe_keys.items()})
+    return dict(schedules=measured["runs"], world=ctx.world, model=spec["model"],
+                cpu_time_profile=measured["cpu_time_profile"], probe_keys=measured["probe_keys"])
 
 
 # ----------------------------------------------------------------------------- prediction
@@ -519,6 +623,15 @@ def _self_sharing(name: str, measured: dict, cfg: ValidationModel, hardware: Har
     return ratio
 
 
+def cpu_slowdown(name: str, measured: dict, cfg: ValidationModel, hardware: HardwareProfile, world: int,
+                 preemption: float) -> float:
+    """How much slower than their CPU time one-thread CPU ranks ran a step's actions because other
+    processes took their cores: the measured wall / CPU time ``preemption`` without the part the
+    profile's processor sharing already simulates (ranks beyond the cores delaying each other);
+    at least 1."""
+    return max(1.0, preemption / _self_sharing(name, measured, cfg, hardware, world, preemption))
+
+
 def probe_reference(result: dict, hardware: HardwareProfile) -> float:
     """Seconds the speed probe took when ``hardware`` was calibrated.
 
@@ -563,9 +676,8 @@ def compare(result: dict, hardware: HardwareProfile, correct_speed: bool = True)
             if result.get("cpu_time_profile"):
                 # ranks beyond the cores delay each other too, which processor sharing already
                 # simulates, so that part of the wall / CPU ratio is divided out
-                factors = [f * max(1.0, measured["preemption"][i] / _self_sharing(
-                    name, measured, cfg, hardware, result["world"], measured["preemption"][i]))
-                    for i, f in zip(steps, factors)]
+                factors = [f * cpu_slowdown(name, measured, cfg, hardware, result["world"], measured["preemption"][i])
+                           for i, f in zip(steps, factors)]
         cache: dict[float, object] = {}
         for f in factors:
             key = round(f, 3)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 import warnings
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from rich.table import Table
 from .engine import DeadlockError
 from .calibration.commands import calibrate, validate
 from .errors import SimtrainError
-from .export import check_output_path, write_chrome_trace, write_trace_csv
+from .export import check_output_path, write_chrome_trace, write_output, write_trace_csv
 from .hardware import GB, GiB, TFLOPS, HardwareProfile, available_profiles, load_profile
 from .measured import read_torch_trace
 from .models import ModelSpec, available_models, load_model
@@ -62,7 +63,7 @@ def _parallel_from(base: dict, overrides: dict, source: str) -> ParallelConfig:
             field = str(e["loc"][0]) if e["loc"] else "?"
             flag = _FLAG_OF.get(field, f"--{field.replace('_', '-')}")
             where = flag if overrides.get(field) is not None else f"{source}: field 'parallel.{field}'"
-            parts.append(f"{where} = {e.get('input')!r}: {e['msg']}")
+            parts.append(f"{where} = {e.get('input')!r}: {e['msg'].removeprefix('Value error, ')}")
         raise SimtrainError("; ".join(parts)) from None
 
 
@@ -71,8 +72,9 @@ def _parse_op_times(text: str) -> tuple[float, float, float]:
         values = tuple(float(x) for x in text.split(","))
     except ValueError:
         values = ()
-    if len(values) != 3:
-        raise SimtrainError(f"--op-times = {text!r}: expected three numbers F,I,W in seconds, e.g. 1,1,1")
+    if len(values) != 3 or not all(math.isfinite(v) and v >= 0 for v in values) or sum(values) <= 0:
+        raise SimtrainError(f"--op-times = {text!r}: expected three finite numbers F,I,W >= 0 seconds, "
+                            "at least one > 0, e.g. 1,1,1")
     return values  # type: ignore[return-value]
 
 
@@ -129,7 +131,7 @@ def _settings(scenario: Path | None, model: str | None, hardware: str | None, ov
     if flags_only:
         if hardware is None:
             raise SimtrainError("give both --model and --hardware (or a scenario file)")
-        base = Scenario(model=model, hardware=hardware, schedules=["gpipe", "1f1b"])
+        base = Scenario(model=model, hardware=hardware)
         source = "command line"
     else:
         path = scenario or DEFAULT_SCENARIO
@@ -209,6 +211,7 @@ def compare(
     trace_path: Annotated[Optional[Path], typer.Option(
         "--trace", help="write a Chrome/Perfetto trace-event JSON file (a process per rank, a thread per stream)")] = None,
     csv_path: Annotated[Optional[Path], typer.Option("--csv", help="write the trace table as CSV")] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite output files that simtrain did not write")] = False,
 ) -> None:
     """Simulate one training step for each schedule and compare them (table + HTML dashboard)."""
     overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
@@ -237,11 +240,18 @@ def compare(
     if twice:
         raise SimtrainError(f"--schedules: '{twice[0]}' is given twice")
     sweep_spec = parse_sweep(sweep) if sweep else (sweep_from_mapping(base.sweep, st.source) if base.sweep else None)
-    inputs = [p for p in (scenario, Path(model) if model else None, Path(hardware) if hardware else None) if p]
+    if sweep_spec is not None and imported is not None:
+        raise SimtrainError("--sweep cannot be combined with --schedule-file: an imported schedule has fixed "
+                            "ranks and microbatches")
+    inputs = [p for p in (scenario, Path(model) if model else None, Path(hardware) if hardware else None,
+                          schedule_file) if p]
+    html_path = out_path or (None if as_json else Path(base.out or "simtrain-compare.html"))
+    if html_path is not None:
+        check_output_path(html_path, "--out" if out_path else f"{st.source}: field 'out'", ".html", inputs, force)
     if trace_path is not None:
-        check_output_path(trace_path, "--trace", ".json", inputs)
+        check_output_path(trace_path, "--trace", ".json", inputs, force)
     if csv_path is not None:
-        check_output_path(csv_path, "--csv", ".csv", inputs)
+        check_output_path(csv_path, "--csv", ".csv", inputs, force)
 
     if sweep_spec is not None:  # the detailed comparison is drawn at the swept value nearest the setting
         own = getattr(parallel, sweep_spec.field)
@@ -267,23 +277,25 @@ def compare(
         + (f", op-times F,I,W = {times}" if times else "") + ("" if comm else ", no communication")
         + (", forward only" if parallel.forward_only else "")
     )
-    html_path = out_path or (None if as_json else Path(base.out or "simtrain-compare.html"))
     if html_path is not None:
-        write_dashboard(
+        write_output(lambda: write_dashboard(
             html_path, [Panel(r.report, r.result.trace, r.result.memory) for r in runs],
             base.title if not st.flags_only else "simtrain comparison", subtitle, source=base.source,
             sweep=Sweep(sweep_rows, sweep_spec.field, parallel.pp) if sweep_spec else None,
-        )
+        ), html_path, "--out")
     if trace_path is not None:
-        write_chrome_trace(trace_path, {r.report.schedule: r.result.trace for r in runs},
-                           {r.report.schedule: r.result.memory for r in runs})
+        write_output(lambda: write_chrome_trace(trace_path, {r.report.schedule: r.result.trace for r in runs},
+                                                {r.report.schedule: r.result.memory for r in runs}),
+                     trace_path, "--trace")
     if csv_path is not None:
-        write_trace_csv(csv_path, {r.report.schedule: r.result.trace for r in runs})
+        write_output(lambda: write_trace_csv(csv_path, {r.report.schedule: r.result.trace for r in runs}),
+                     csv_path, "--csv")
     if as_json:
         rows = [r.to_row() for r in reports]
         if sweep_rows is not None:
             rows = {"runs": rows, "sweep": json.loads(sweep_rows.to_json(orient="records"))}
         print(json.dumps(rows, indent=2))
+        _check_fit(reports)
         return
 
     if sweep_rows is not None:
@@ -304,6 +316,18 @@ def compare(
             *((f"{r.a2a_s * 1e3:.2f}", f"{r.exposed_a2a_s * 1e3:.2f}", _fmt_pct(r.ep_share)) if ep_cols else ()),
         )
     out.print(table)
+    for label, path in (("dashboard", html_path), ("trace", trace_path), ("csv", csv_path)):
+        if path is not None:
+            out.print(f"{label}: {path}")
+    _check_fit(reports)
+
+
+def _check_fit(reports) -> None:
+    """Warn (stderr) for every schedule whose peak memory overflows HBM; fail if none fits.
+
+    Raises:
+        SimtrainError: no schedule fits.
+    """
     for r in reports:
         if not r.fits_in_hbm:
             worst = max(range(len(r.peak_memory_bytes)), key=lambda i: r.peak_memory_bytes[i])
@@ -311,9 +335,6 @@ def compare(
                 f"warning: {r.schedule} does not fit in HBM: rank {worst} peaks at "
                 f"{r.peak_memory_bytes[worst] / GiB:.1f} GiB of {r.hbm_bytes / GiB:.0f} GiB"
             )
-    for label, path in (("dashboard", html_path), ("trace", trace_path), ("csv", csv_path)):
-        if path is not None:
-            out.print(f"{label}: {path}")
     if not any(r.fits_in_hbm for r in reports):
         raise SimtrainError("no schedule fits in HBM with this configuration (see the warnings above)")
 
@@ -362,9 +383,12 @@ def overlay(
     step: Annotated[Optional[int], typer.Option(help="the trace's ProfilerStep#N to take (default: the last)")] = None,
     out_path: Annotated[Path, typer.Option("--out", help="HTML page to write")] = Path("simtrain-overlay.html"),
     as_json: Annotated[bool, typer.Option("--json", help="print the per-action differences as JSON")] = False,
+    force: Annotated[bool, typer.Option("--force", help="overwrite --out if simtrain did not write it")] = False,
 ) -> None:
     """Draw a measured torch pipeline step and its simulation on one timeline, rank by rank."""
-    check_output_path(out_path, "--out", ".html", [*measured, *([scenario] if scenario else [])])
+    inputs = [*measured, *(p for p in (scenario, Path(model) if model else None,
+                                       Path(hardware) if hardware else None) if p)]
+    check_output_path(out_path, "--out", ".html", inputs, force)
     actions = read_torch_trace(measured, step)
     taken = schedule_from_measured(actions, "measured order")
     from_trace = op_times is not None and op_times.strip() == "measured"
@@ -382,7 +406,8 @@ def overlay(
                 f"{taken.num_microbatches} microbatches; simulated {run.schedule.name} with "
                 + (f"op-times F,I,W = {tuple(round(t * 1e3, 3) for t in times)} ms" if times
                    else f"{st.model.name} on {st.hardware.name}") + ("" if st.comm else ", no communication"))
-    write_overlay(out_path, actions, trace, diffs, summary, "measured vs simulated", subtitle)
+    write_output(lambda: write_overlay(out_path, actions, trace, diffs, summary, "measured vs simulated", subtitle),
+                 out_path, "--out")
     if as_json:
         print(json.dumps({"summary": summary, "actions": json.loads(diffs.to_json(orient="records"))}, indent=2))
         return

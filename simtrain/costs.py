@@ -45,6 +45,8 @@ instead of TP, the all-to-all bytes, and each MoE chunk cut into segments around
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 
 from .errors import SimtrainError
@@ -168,10 +170,10 @@ class StageCosts:
             SimtrainError: a time is negative, or all three are zero.
         """
         times = (forward_s, backward_input_s, backward_weight_s)
-        if any(t < 0 for t in times) or sum(times) <= 0:
+        if not all(math.isfinite(t) and t >= 0 for t in times) or sum(times) <= 0:
             raise SimtrainError(
-                f"--op-times F,I,W = {','.join(map(str, times))}: each must be >= 0 seconds "
-                "and at least one > 0"
+                f"op-times F,I,W = {','.join(map(str, times))}: each must be a finite number >= 0 "
+                "seconds and at least one > 0"
             )
         chunks = tuple(
             replace(
@@ -345,7 +347,7 @@ def split_layers(num_layers: int, num_chunks: int) -> list[int]:
     if num_chunks > num_layers:
         raise SimtrainError(
             f"{num_chunks} pipeline stages for a model of {num_layers} layers: "
-            "each stage needs at least one layer (lower --pp or --vp)"
+            "each stage needs at least one layer (lower --pp, or --vp for interleaved schedules)"
         )
     base, extra = divmod(num_layers, num_chunks)
     counts = [base] * num_chunks

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
 
 
 class SimtrainError(Exception):
@@ -20,6 +20,22 @@ class SimtrainError(Exception):
     Args:
         message: one sentence that names the file or flag, the field, the value and what is allowed.
     """
+
+
+_NUMBER_TYPES = (int, float, int | None, float | None)
+
+
+class NumbersNotBooleans(BaseModel):
+    """Base for user-facing schemas: a YAML ``true``/``false`` given for a number is an error
+    (pydantic would silently read it as 1/0)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name) if info.field_name else None
+        if isinstance(value, bool) and field is not None and field.annotation in _NUMBER_TYPES:
+            raise ValueError("expected a number, not true/false")
+        return value
 
 
 def describe_validation_error(err: ValidationError, source: str) -> str:
@@ -41,8 +57,11 @@ def describe_validation_error(err: ValidationError, source: str) -> str:
             parts.append(f"field '{field}' is missing (required)")
         elif e["type"] == "extra_forbidden":
             parts.append(f"field '{field}' is not a known field")
+        elif not e["loc"] or isinstance(e.get("input"), dict):  # a check across fields
+            text = msg.removeprefix("Value error, ")
+            parts.append(f"section '{field}': {text}" if e["loc"] else text)
         else:
-            parts.append(f"field '{field}' = {e.get('input')!r}: {msg}")
+            parts.append(f"field '{field}' = {e.get('input')!r}: {msg.removeprefix('Value error, ')}")
     return f"{source}: " + "; ".join(parts)
 
 
@@ -59,9 +78,13 @@ def load_yaml_file(path: Path) -> Any:
         SimtrainError: the file is missing, unreadable, or not valid YAML.
     """
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SimtrainError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise SimtrainError(f"{path}: is a folder, expected a YAML file") from None
+    except UnicodeDecodeError:
+        raise SimtrainError(f"{path}: not a text (UTF-8) YAML file") from None
     except OSError as exc:
         raise SimtrainError(f"{path}: cannot read the file ({exc.strerror})") from None
     try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -123,7 +123,7 @@ def chrome_trace(
                 for t, b in zip(mem["time_s"], mem["bytes"]):
                     events.append({"name": "memory", "ph": "C", "ts": float(t) * US, "dur": 0,
                                    "pid": pid, "tid": 0, "args": {"GiB": float(b) / GiB}})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": GENERATOR_MARK}}
 
 
 def trace_table(traces: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
@@ -132,20 +132,42 @@ def trace_table(traces: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["schedule"])
 
 
-def check_output_path(path: Path, flag: str, suffix: str, inputs: Iterable[Path] = ()) -> Path:
-    """Refuse an output path that would overwrite an input or has the wrong file type.
+GENERATOR_MARK = "simtrain"
+"""Every file simtrain writes carries this word near its start (HTML ``<meta name="generator">``,
+trace JSON ``otherData.generator``, CSV header ``schedule,...,start_s,end_s``), so a later run may
+replace it; any other existing file is only overwritten with ``--force``."""
+
+
+def _written_by_simtrain(path: Path) -> bool:
+    """Whether ``path`` looks like a file simtrain wrote (see :data:`GENERATOR_MARK`)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096).decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    if path.suffix.lower() == ".csv":
+        first = head.splitlines()[0] if head else ""
+        return first.startswith("schedule,") and "start_s" in first and "end_s" in first
+    return GENERATOR_MARK in head
+
+
+def check_output_path(path: Path, flag: str, suffix: str, inputs: Iterable[Path] = (), force: bool = False) -> Path:
+    """Refuse an output path that would overwrite an input or a user's file, or has the wrong type.
 
     Args:
         path: where the user asked to write.
-        flag: the CLI flag, for the message (e.g. ``"--trace"``).
+        flag: the CLI flag (or scenario field), for the message (e.g. ``"--trace"``).
         suffix: the required extension, e.g. ``".json"``.
-        inputs: files this command reads (scenario, measured traces); none may be overwritten.
+        inputs: files this command reads (scenario, model, profile, schedule file, measured
+            traces); none may be overwritten, even with ``force``.
+        force: allow overwriting an existing file that simtrain did not write.
 
     Returns:
         ``path``.
 
     Raises:
-        SimtrainError: wrong extension, a folder, or one of ``inputs``.
+        SimtrainError: wrong extension, a folder, a missing parent folder, one of ``inputs``, or
+            an existing file simtrain did not write (without ``force``).
     """
     path = Path(path)
     if path.suffix.lower() != suffix:
@@ -155,7 +177,22 @@ def check_output_path(path: Path, flag: str, suffix: str, inputs: Iterable[Path]
     for src in inputs:
         if src is not None and Path(src).exists() and path.exists() and path.resolve() == Path(src).resolve():
             raise SimtrainError(f"{flag} = {str(path)!r}: is an input of this command; refusing to overwrite it")
+    if path.exists() and not force and not _written_by_simtrain(path):
+        raise SimtrainError(f"{flag} = {str(path)!r}: the file exists and was not written by simtrain; "
+                            "choose another name or pass --force to overwrite it")
     return path
+
+
+def write_output(write: Callable[[], object], path: Path, flag: str) -> None:
+    """Run ``write`` (which writes ``path``), turning a file-system error into a SimtrainError.
+
+    Raises:
+        SimtrainError: ``{flag} = path: cannot write the file (reason)``.
+    """
+    try:
+        write()
+    except OSError as exc:
+        raise SimtrainError(f"{flag} = {str(path)!r}: cannot write the file ({exc.strerror or exc})") from None
 
 
 def write_chrome_trace(

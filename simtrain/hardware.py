@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .errors import SimtrainError, load_yaml_file, validate_model
+from .errors import NumbersNotBooleans, SimtrainError, load_yaml_file, validate_model
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
 
@@ -38,7 +38,7 @@ TFLOPS = 1e12
 
 
 # ----------------------------------------------------------------------------- file schema
-class _Strict(BaseModel):
+class _Strict(NumbersNotBooleans):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -390,7 +390,17 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
 
 
 def available_profiles() -> list[str]:
-    """Names of the profiles shipped in ``hardware_profiles/`` (file stems), sorted."""
+    """Names of the profiles shipped in ``hardware_profiles/`` (file stems), sorted.
+
+    Raises:
+        SimtrainError: the folder is missing (simtrain runs from a source checkout installed with
+            ``pip install -e .``; a plain wheel install does not carry ``hardware_profiles/``).
+    """
+    if not PROFILE_DIR.is_dir():
+        raise SimtrainError(
+            f"{PROFILE_DIR}: the hardware_profiles folder is missing; install simtrain from its source "
+            "checkout with `pip install -e .` (as `make demo` does), or pass a profile file path"
+        )
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 

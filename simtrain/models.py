@@ -16,12 +16,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .errors import SimtrainError, load_yaml_file, validate_model
+from .errors import NumbersNotBooleans, SimtrainError, load_yaml_file, validate_model
 
 PRESET_PACKAGE = "simtrain.model_presets"
 
 
-class _Strict(BaseModel):
+class _Strict(NumbersNotBooleans):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

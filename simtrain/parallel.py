@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .errors import NumbersNotBooleans
 from .hardware import Dtype
 
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -26,7 +27,7 @@ DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 activations and the parameter copy used by the kernels in 16-bit)."""
 
 
-class ParallelConfig(BaseModel):
+class ParallelConfig(NumbersNotBooleans):
     """Degrees of parallelism and the shape of one training step.
 
     Attributes:

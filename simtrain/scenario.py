@@ -7,11 +7,13 @@ override them.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .costs import StageCosts, stage_costs
 from .engine import SimResult, simulate
@@ -37,7 +39,7 @@ class Scenario(BaseModel):
         model: preset name or model YAML path.
         hardware: profile name or profile YAML path.
         parallel: the :class:`ParallelConfig` fields.
-        schedules: registry names to compare.
+        schedules: registry names to compare (default gpipe and 1f1b; ``--schedules`` overrides).
         op_times: fixed (F, I, W) seconds per action instead of the cost model.
         no_comm: make all communication free.
         out: HTML file to write (relative paths are relative to the scenario file).
@@ -51,8 +53,15 @@ class Scenario(BaseModel):
     model: str
     hardware: str
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
-    schedules: list[str] = Field(min_length=1)
+    schedules: list[str] = Field(default_factory=lambda: ["gpipe", "1f1b"], min_length=1)
     op_times: tuple[float, float, float] | None = None
+
+    @field_validator("op_times")
+    @classmethod
+    def _op_times_valid(cls, v: tuple[float, float, float] | None) -> tuple[float, float, float] | None:
+        if v is not None and (not all(math.isfinite(t) and t >= 0 for t in v) or sum(v) <= 0):
+            raise ValueError("each of F, I, W must be a finite number >= 0 seconds, at least one > 0")
+        return v
     no_comm: bool = False
     out: str | None = None
     sweep: dict[str, list[int]] | None = None
@@ -92,7 +101,8 @@ class ScheduleRun:
     report: Report
 
 
-def check_static_memory(costs: StageCosts, schedule: Schedule, hardware: HardwareProfile, where: str) -> None:
+def check_static_memory(costs: StageCosts, schedule: Schedule, hardware: HardwareProfile, where: str,
+                        parallel: ParallelConfig | None = None) -> None:
     """Refuse a configuration whose parameters, gradients and optimizer states alone overflow HBM.
 
     Raises:
@@ -101,10 +111,13 @@ def check_static_memory(costs: StageCosts, schedule: Schedule, hardware: Hardwar
     for rank in range(schedule.num_ranks):
         need = costs.static_bytes({schedule.chunk_of(s) for s in schedule.stages_of(rank)})
         if need > hardware.hbm_bytes:
+            hint = "raise --tp or --pp"
+            if parallel is not None and parallel.zero_stage == 0 and parallel.dp > 1:
+                hint += ", or use --zero-stage 1"
             raise SimtrainError(
                 f"{where}: does not fit in HBM: pipeline rank {rank} needs {need / GiB:.1f} GiB for "
                 f"parameters, gradients and optimizer states alone, and {hardware.name} has "
-                f"{hardware.hbm_bytes / GiB:.0f} GiB; raise --tp or --pp, or use --zero-stage 1"
+                f"{hardware.hbm_bytes / GiB:.0f} GiB; {hint}"
             )
 
 
@@ -151,7 +164,7 @@ def run_schedule(
         costs = costs.with_op_times(*op_times)
     if runtime is not None:
         costs = runtime(costs)
-    check_static_memory(costs, schedule, hardware, f"{model.name} on {hardware.name} with {schedule.name}")
+    check_static_memory(costs, schedule, hardware, f"{model.name} on {hardware.name} with {schedule.name}", parallel)
     topology = Topology(hardware, parallel)
     graph = lower(schedule, costs, topology, comm=comm, waves=waves)
     result = simulate(graph)

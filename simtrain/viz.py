@@ -606,7 +606,7 @@ def kinds_legend_html(kinds) -> str:
 def summary_table_html(reports: list[Report]) -> str:
     """An HTML table of the headline numbers, one row per schedule; the best step time, bubble,
     exposed communication and peak memory are marked, configurations that overflow HBM are red."""
-    head = ("schedule", "step time (ms)", "bubble", "exposed comm (ms)", "overlap", "peak memory (GiB)",
+    head = ("schedule", "step time (ms)", "bubble", "span bubble", "exposed comm (ms)", "overlap", "peak memory (GiB)",
             "fits in HBM", "peak in-flight", "MFU", "tokens/s")
     ep = any(r.a2a_s > 0 for r in reports)
     if ep:
@@ -627,6 +627,7 @@ def summary_table_html(reports: list[Report]) -> str:
             (r.schedule, ""),
             (f"{r.step_time_s * MS:,.2f}", "best" if multi and math.isclose(r.step_time_s, b_step) else ""),
             (f"{r.bubble_ratio:.1%}", "best" if multi and math.isclose(r.bubble_ratio, b_bub) else ""),
+            (f"{r.span_bubble_ratio:.1%}", ""),
             (f"{r.exposed_comm_s * MS:,.2f}", "best" if multi and math.isclose(r.exposed_comm_s, b_exp) else ""),
             ("–" if r.overlap_ratio is None else f"{r.overlap_ratio:.1%}", ""),
             (f"{peak / GiB:.1f} / {r.hbm_bytes / GiB:.0f}",
@@ -705,7 +706,7 @@ def _page(title: str, meta: list[str], nav: list[tuple[str, str]], body: list[st
     links = "".join(f"<a href='#{i}'>{html.escape(t)}</a>" for i, t in nav)
     metas = "".join(f"<p>{html.escape(m)}</p>" for m in meta if m)
     return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><meta name='generator' content='simtrain'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
         f"<header><h1>{html.escape(title)}</h1>{metas}</header><nav>{links}</nav><main>"

@@ -106,3 +106,89 @@ def test_listing_commands():
     assert res.exit_code == 0 and "h800" in res.stdout and "mi300x" in res.stdout
     res = invoke("models")
     assert res.exit_code == 0 and "deepseek-v3" in res.stdout and "671.03B" in res.stdout
+
+
+# ----------------------------------------------------------------------------- outputs and edge input
+def test_outputs_never_overwrite_inputs_or_user_files(tmp_path):
+    sc = tmp_path / "s.yaml"
+    sc.write_text("model: llama3-8b\nhardware: h100-sxm\nparallel: {pp: 2, microbatches: 4, seq_len: 1024}\n")
+    res = invoke("compare", str(sc), "--out", str(sc))
+    assert res.exit_code == 2 and "expected a .html file name" in res.stderr
+    mine = tmp_path / "keep.html"
+    mine.write_text("<html>my notes</html>")
+    res = invoke("compare", str(sc), "--out", str(mine))
+    assert res.exit_code == 2 and "the file exists and was not written by simtrain" in res.stderr.replace("\n", " ")
+    assert mine.read_text() == "<html>my notes</html>"
+    assert invoke("compare", str(sc), "--out", str(mine), "--force").exit_code == 0
+    assert invoke("compare", str(sc), "--out", str(mine)).exit_code == 0  # now simtrain's own output
+    csv = tmp_path / "order.csv"
+    csv.write_text("0F0,0B0\n1F0,1B0\n")
+    res = invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--seq-len", "1024",
+                 "--schedule-file", str(csv), "--csv", str(csv), "--json")
+    assert res.exit_code == 2 and "is an input of this command" in res.stderr
+    assert csv.read_text() == "0F0,0B0\n1F0,1B0\n"
+
+
+def test_unwritable_output_is_one_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    res = invoke("compare", *SMALL, "--out", str(blocker / "x.html"))
+    assert res.exit_code == 2 and "cannot write the file" in res.stderr and "Traceback" not in res.output
+
+
+def test_json_still_fails_when_nothing_fits():
+    res = invoke("compare", "--model", "llama3-70b", "--hardware", "h100-sxm", "--pp", "8", "--tp", "8",
+                 "--dp", "4", "--microbatches", "32", "--schedules", "gpipe", "--json")
+    assert res.exit_code == 2
+    assert json.loads(res.stdout)[0]["fits_in_hbm"] is False  # the rows are still printed
+    assert "gpipe does not fit in HBM" in res.stderr and "no schedule fits" in res.stderr
+
+
+def test_schedule_file_and_sweep_do_not_combine(tmp_path):
+    csv = tmp_path / "o.csv"
+    csv.write_text("0F0,0B0\n1F0,1B0\n")
+    res = invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--schedule-file", str(csv),
+                 "--sweep", "microbatches=4,8", "--json")
+    assert res.exit_code == 2 and "--sweep cannot be combined with --schedule-file" in res.stderr
+
+
+@pytest.mark.parametrize("text", ["nan,1,1", "inf,1,1", "1,-1,1", "0,0,0"])
+def test_op_times_must_be_finite_and_non_negative(text):
+    res = invoke("compare", *SMALL, "--op-times", text, "--json")
+    assert res.exit_code == 2 and f"--op-times = '{text}'" in res.stderr
+
+
+def test_scenario_field_errors_name_the_file(tmp_path):
+    sc = tmp_path / "s.yaml"
+    sc.write_text("model: llama3-8b\nhardware: h100-sxm\nop_times: [1, -1, 1]\n")
+    res = invoke("compare", str(sc), "--json")
+    assert res.exit_code == 2 and "s.yaml: field 'op_times' = [1, -1, 1]" in res.stderr.replace("\n", " ")
+    sc.write_text("model: llama3-8b\nhardware: h100-sxm\nparallel: {microbatches: true}\n")
+    res = invoke("compare", str(sc), "--json")
+    assert res.exit_code == 2 and "field 'parallel.microbatches' = True: expected a number, not true/false" in res.stderr
+    sc.write_text("model: llama3-8b\nhardware: h100-sxm\nparallel: {pp: 2, seq_len: 1024}\n")  # no schedules listed
+    res = invoke("compare", str(sc), "--schedules", "1f1b", "--json")
+    assert res.exit_code == 0 and [r["schedule"] for r in json.loads(res.stdout)] == ["1f1b"]
+
+
+def test_binary_file_given_as_yaml(tmp_path):
+    png = tmp_path / "p.yaml"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    res = invoke("compare", "--model", "llama3-8b", "--hardware", str(png))
+    assert res.exit_code == 2 and "not a text (UTF-8) YAML file" in res.stderr
+
+
+def test_cross_field_errors_stay_short(tmp_path):
+    m = tmp_path / "m.yaml"
+    m.write_text("name: x\nnum_layers: 2\nhidden_size: 64\nffn_hidden_size: 64\nnum_heads: 30\nnum_kv_heads: 8\n"
+                 "vocab_size: 10\nseq_len: 8\n")
+    res = invoke("compare", "--model", str(m), "--hardware", "h100-sxm")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == f"error: {m}: num_kv_heads (8) must divide num_heads (30)"
+
+
+def test_memory_hint_only_suggests_what_applies():
+    res = invoke("compare", "--model", "llama3-70b", "--hardware", "h100-sxm", "--pp", "2")
+    assert res.exit_code == 2 and "raise --tp or --pp" in res.stderr and "zero-stage" not in res.stderr
+    res = invoke("compare", "--model", "llama3-70b", "--hardware", "h100-sxm", "--pp", "2", "--dp", "8")
+    assert res.exit_code == 2 and "or use --zero-stage 1" in res.stderr.replace("\n", " ")

@@ -17,7 +17,7 @@ from simtrain.schedules import REGISTRY, Action, Schedule, ScheduleError, genera
 from simtrain.schedules.io import format_torch_csv, parse_torch_csv
 
 runner = CliRunner()
-UNIT = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--op-times", "1,1,1", "--no-comm", "--json"]
+UNIT = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--seq-len", "1024", "--op-times", "1,1,1", "--no-comm", "--json"]
 
 
 def invoke(*args: str):

@@ -231,7 +231,7 @@ def test_cli_reproduces_the_readme_bubble_and_rejects_bad_configs(tmp_path):
     from simtrain.cli import app
 
     # the shipped profile (default overlap.sends: after_pair) reproduces the README's bubble
-    common = ["compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--microbatches", "16",
+    common = ["compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--seq-len", "1024", "--microbatches", "16",
               "--op-times", "1,1,1", "--no-comm", "--json"]
     res = CliRunner().invoke(app, common + ["--pp", "8", "--schedules", "dualpipe"])
     assert res.exit_code == 0, res.output

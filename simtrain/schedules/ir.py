@@ -149,10 +149,6 @@ class Schedule:
         """Orders in PyTorch's text form, one list per rank."""
         return [[str(a) for a in order] for order in self.orders]
 
-    def uses_split_backward(self) -> bool:
-        """Whether any backward is split into I and W."""
-        return any(p.kind in ("I", "W") for order in self.orders for a in order for p in a.parts)
-
     def validate(self) -> None:
         """Check that the schedule is complete and consistent (before simulating it).
 

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from simtrain.cli import app
+from simtrain.scenario import load_scenario
 from simtrain.export import chrome_trace, lane_of
 
 from conftest import unit_run
@@ -38,7 +39,9 @@ def test_scenario_trace_is_valid_trace_event_json(tmp_path):
         assert isinstance(e["ts"], (int, float)) and isinstance(e["dur"], (int, float)) and e["dur"] >= 0
         assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
     processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
-    assert sorted(processes.values()) == sorted(f"{s} · rank {r}" for s in ("gpipe", "1f1b") for r in range(8))
+    scenario = load_scenario(ROOT / "dashboards" / "default.yaml")
+    assert sorted(processes.values()) == sorted(f"{s} · rank {r}" for s in scenario.schedules
+                                                for r in range(scenario.parallel.pp))
     threads = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
     assert {name for _, name in threads} == {"compute", "p2p", "tp", "dp"}
     # times in microseconds: each schedule's last event ends at its step time
@@ -49,7 +52,7 @@ def test_scenario_trace_is_valid_trace_event_json(tmp_path):
     table = pd.read_csv(csv)
     n_x = sum(1 for e in events if e["ph"] == "X")
     assert len(table) == n_x and list(table.columns[:3]) == ["schedule", "rank", "stream"]
-    assert set(table["schedule"]) == {"gpipe", "1f1b"} and "resources" in table.columns
+    assert set(table["schedule"]) == set(scenario.schedules) and "resources" in table.columns
 
 
 def test_unit_costs_trace_has_exact_times():

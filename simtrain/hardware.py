@@ -27,7 +27,6 @@ from .errors import NumbersNotBooleans, SimtrainError, load_yaml_file, validate_
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
 
-DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8"]
 
 GB = 1e9

@@ -21,7 +21,6 @@ from typing import Union
 from ..errors import SimtrainError
 
 KINDS = ("F", "B", "I", "W")
-BACKWARD_KINDS = ("B", "I")
 _ACTION_RE = re.compile(r"^(\d+)([FBIW])(\d+)$")
 _OVERLAP_RE = re.compile(r"^\((\d+[FBIW]\d+);(\d+[FBIW]\d+)\)OVERLAP_F_B$")
 

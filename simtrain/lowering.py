@@ -359,12 +359,15 @@ def _add_optimizer(schedule, graph, costs, topology, held, dp_tasks, dp) -> None
     """Optimizer step per rank after its gradient reductions; ZeRO-1 parameter all-gather (dense
     parameters over DP, routed-expert parameters over expert-DP)."""
     parallel = topology.parallel
+    last_compute: dict[int, int] = {}  # rank -> its last compute-stream task, in one pass
+    for t in graph.tasks:
+        if t.stream == "compute":
+            last_compute[t.rank] = t.tid
     for rank in range(schedule.num_ranks):
         duration = costs.optimizer_s(held[rank])
         if duration <= 0:
             continue
-        compute = [t for t in graph.tasks if t.rank == rank and t.stream == "compute"]
-        deps = [compute[-1].tid] if compute else []
+        deps = [last_compute[rank]] if rank in last_compute else []
         deps += [t.tid for t in dp_tasks[rank]]
         opt = graph.add(
             name="optimizer step", rank=rank, category="compute", kind="OPT", stream="compute",

@@ -20,6 +20,15 @@ The engine knows tasks, streams, resources and memory deltas, nothing about sche
   its duration; two equal tasks that start together on a one-processor pool both end at twice
   their duration. This models ranks that outnumber the cores or GPUs running them.
 
+How it runs on SimPy: SimPy is the clock. Each task is a small state machine advanced by
+callbacks (:class:`_Run`): it waits for its dependencies, takes its resources, runs, ends. Only
+the run is a SimPy event (a delay); the steps that happen "now" go through a first-in-first-out
+lane drained whenever the next SimPy event lies in the future (:class:`_Clock`). That is the order
+SimPy itself gives zero-delay events (by time, then scheduling order), so the trace is the same,
+step for step, as that of one generator process per stream yielding ``env.all_of(deps)``, a port
+request, ``env.timeout(duration)`` and a done event (tests/test_engine_reference.py checks this on
+random graphs against such an implementation), at about one SimPy event per task instead of four.
+
 The engine is deterministic: the same graph gives the same trace. If some tasks can never run
 (a dependency cycle or a stream order that waits on itself), :func:`simulate` raises
 :class:`DeadlockError` naming, for each stuck stream, the task it is stuck before and what that
@@ -28,10 +37,14 @@ task waits for.
 
 from __future__ import annotations
 
+import gc
+import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import pandas as pd
 import simpy
+from simpy.events import NORMAL
 
 from .errors import SimtrainError
 
@@ -115,56 +128,124 @@ class SimResult:
             beginning with its static memory at time 0.
         makespan_s: end of the last task.
         events: number of tasks executed (engine events for benchmarks).
+        simpy_events: number of SimPy events the run scheduled (benchmarks).
     """
 
     trace: pd.DataFrame
     memory: pd.DataFrame
     makespan_s: float
     events: int
+    simpy_events: int = 0
 
 
 class DeadlockError(SimtrainError):
     """Some tasks could never start; the message names where each stuck stream waits."""
 
 
+class _Clock:
+    """SimPy's clock with a first-in-first-out lane for zero-delay steps.
+
+    SimPy orders events by (time, priority, scheduling order). Every step of a task that happens
+    "now" (its dependencies are done, a port is granted, it is done) would be a zero-delay SimPy
+    event, processed after every event already due now and before anything scheduled later; the
+    same order is kept here by a FIFO that is drained whenever the next SimPy event lies in the
+    future. So each task costs one SimPy event (its run, a delayed event on the environment) and
+    the trace is the same, step for step, as with one SimPy event per step.
+    """
+
+    def __init__(self) -> None:
+        self.env = simpy.Environment()
+        self.fifo: deque = deque()
+        self.now = 0.0  # the environment's time, kept here so that hot paths read an attribute
+        self.events = 0  # SimPy events scheduled
+
+    def soon(self, fn, arg) -> None:
+        """Call ``fn(arg)`` now, after every step already due now."""
+        self.fifo.append((fn, arg))
+
+    def after(self, delay_s: float, fn, arg) -> None:
+        """Call ``fn(arg)`` ``delay_s`` seconds from now (a delay too small to move the clock is
+        a step due now, as it is in SimPy)."""
+        due = self.now + delay_s  # the time SimPy computes for the event
+        if due == self.now:
+            self.fifo.append((fn, arg))
+        else:
+            self.events += 1
+            self.env.schedule(_Timer(self, due, fn, arg), NORMAL, delay_s)
+
+    def run(self) -> None:
+        """Run until nothing is left to do."""
+        fifo, peek, step = self.fifo, self.env.peek, self.env.step
+        while True:
+            due = peek()
+            if fifo and due > self.now:
+                while fifo:
+                    fn, arg = fifo.popleft()
+                    fn(arg)
+            elif due == math.inf:
+                return
+            else:
+                step()
+
+
+class _Timer:
+    """A bare SimPy event (what :meth:`simpy.Environment.step` reads) that, when processed at
+    ``due`` seconds, sets the clock's time and calls ``fn(arg)``."""
+
+    __slots__ = ("callbacks", "_ok", "_value")
+
+    def __init__(self, clock: _Clock, due: float, fn, arg):
+        self.callbacks = [_fire]
+        self._ok = True
+        self._value = (clock, due, fn, arg)
+
+
+def _fire(event: _Timer) -> None:
+    clock, due, fn, arg = event._value
+    clock.now = due
+    fn(arg)
+
+
 class _Ports:
     """Capacity-1 resources taken all at once (see the module docstring)."""
 
-    def __init__(self, env: simpy.Environment):
-        self.env = env
+    def __init__(self, clock: _Clock, on_grant):
+        self.clock = clock
+        self.on_grant = on_grant
         self.busy: set[str] = set()
-        self.waiting: list[tuple[tuple[str, ...], simpy.Event]] = []
+        self.waiting: list[tuple[tuple[str, ...], int]] = []
 
-    def acquire(self, names: tuple[str, ...]) -> simpy.Event:
-        """An event that fires when all ``names`` are taken for the caller."""
-        event = self.env.event()
+    def acquire(self, names: tuple[str, ...], tid: int) -> None:
+        """Grant ``names`` to task ``tid`` (a step due now), or queue it until all are free."""
         if self.busy.isdisjoint(names):
             self.busy.update(names)
-            event.succeed()
+            self.clock.soon(self.on_grant, tid)
         else:
-            self.waiting.append((names, event))
-        return event
+            self.waiting.append((names, tid))
 
     def release(self, names: tuple[str, ...]) -> None:
-        """Free ``names`` and start every waiting request that can now take all it needs."""
+        """Free ``names`` and grant every waiting request that can now take all it needs."""
         self.busy.difference_update(names)
+        if not self.waiting:
+            return
         still = []
-        for wanted, event in self.waiting:
+        for wanted, tid in self.waiting:
             if self.busy.isdisjoint(wanted):
                 self.busy.update(wanted)
-                event.succeed()
+                self.clock.soon(self.on_grant, tid)
             else:
-                still.append((wanted, event))
+                still.append((wanted, tid))
         self.waiting = still
 
 
 class _SharedProcessors:
     """A pool of ``count`` processors shared equally by the tasks running on it (see module doc)."""
 
-    def __init__(self, env: simpy.Environment, count: float):
-        self.env = env
+    def __init__(self, clock: _Clock, count: float, on_done):
+        self.clock = clock
         self.count = count
-        self.running: dict[int, list] = {}  # tid -> [remaining work seconds, done event]
+        self.on_done = on_done
+        self.running: dict[int, float] = {}  # tid -> remaining work seconds
         self.updated = 0.0
         self.version = 0
 
@@ -172,37 +253,130 @@ class _SharedProcessors:
         return min(1.0, self.count / len(self.running)) if self.running else 1.0
 
     def _advance(self) -> None:
-        elapsed, rate = self.env.now - self.updated, self._rate()
-        for job in self.running.values():
-            job[0] -= elapsed * rate
-        self.updated = self.env.now
+        now = self.clock.now
+        elapsed, rate = now - self.updated, self._rate()
+        for tid in self.running:
+            self.running[tid] -= elapsed * rate
+        self.updated = now
 
-    def work(self, tid: int, seconds: float) -> simpy.Event:
-        """An event that fires when ``seconds`` of work of task ``tid`` are done on the pool."""
+    def work(self, tid: int, seconds: float) -> None:
+        """Run ``seconds`` of task ``tid``'s work on the pool; ``on_done(tid)`` when it is done."""
         self._advance()
-        event = self.env.event()
-        self.running[tid] = [seconds, event]
+        self.running[tid] = seconds
         self._plan()
-        return event
 
     def _plan(self) -> None:
         """Wake up when the job with the least remaining work finishes at the current rate."""
         self.version += 1
         if not self.running:
             return
-        version = self.version
-        least = min(job[0] for job in self.running.values())
-        timer = self.env.timeout(max(least, 0.0) / self._rate())
-        timer.callbacks.append(lambda _: self._finish(version))
+        least = min(self.running.values())
+        self.clock.after(max(least, 0.0) / self._rate(), self._finish, self.version)
 
     def _finish(self, version: int) -> None:
         if version != self.version:  # the set of running jobs changed since this timer was set
             return
         self._advance()
-        tolerance = 1e-12 * max(1.0, self.env.now)
-        for tid in [t for t, job in self.running.items() if job[0] <= tolerance]:
-            self.running.pop(tid)[1].succeed()
+        tolerance = 1e-12 * max(1.0, self.clock.now)
+        for tid in [t for t, left in self.running.items() if left <= tolerance]:
+            del self.running[tid]
+            self.clock.soon(self.on_done, tid)
         self._plan()
+
+
+class _Run:
+    """One simulation of a task graph: each task a small state machine on a :class:`_Clock`.
+
+    A task waits for its dependencies (one step due now when the last dependency's end has been
+    processed), takes its resources (one step due now when granted), runs (one SimPy event after
+    its duration, or on its processor pool) and ends (one step due now that releases the tasks
+    waiting for it). These are the steps, in the same order, of the one-process-per-stream SimPy
+    formulation (``yield env.all_of(deps)``, ``yield ports.acquire(...)``,
+    ``yield env.timeout(d)``, ``done.succeed()``) without its generators and condition events.
+    """
+
+    def __init__(self, graph: TaskGraph):
+        self.clock = _Clock()
+        self.env = self.clock.env
+        self.tasks = graph.tasks
+        n = len(self.tasks)
+        self.finished = [False] * n
+        self.processed = [False] * n  # the task's end has been processed (its waiters released)
+        self.waiters: list[list[int]] = [[] for _ in range(n)]  # tasks waiting for its end
+        self.pending = [0] * n  # dependencies whose end is not processed yet
+        self.next_in_stream: list[int | None] = [None] * n
+        self.ports = _Ports(self.clock, self._start)
+        self.pools = {name: _SharedProcessors(self.clock, count, self._finish) for name, count in graph.pools.items()}
+        self.memory = list(graph.static_memory_bytes) or [0.0] * graph.num_ranks
+        self.mem_rows: list[tuple[int, float, float]] = [(r, 0.0, self.memory[r]) for r in range(graph.num_ranks)]
+        self.rows: list[tuple] = []
+        self.start_s = [0.0] * n
+
+    def _apply(self, deltas: list[tuple[int, float]]) -> None:
+        memory, now = self.memory, self.clock.now
+        for rank, delta in deltas:
+            memory[rank] += delta
+            self.mem_rows.append((rank, now, memory[rank]))
+
+    def begin(self, tid: int) -> None:
+        """Start waiting for ``tid``'s dependencies."""
+        deps = self.tasks[tid].deps
+        if not deps:
+            self._take(tid)
+            return
+        pending, processed, waiters = 0, self.processed, self.waiters
+        for d in deps:
+            if not processed[d]:
+                pending += 1
+                waiters[d].append(tid)
+        self.pending[tid] = pending
+        if pending == 0:
+            self.clock.soon(self._take, tid)
+
+    def _ended(self, tid: int) -> None:
+        """The end of ``tid`` is processed: release the tasks whose last dependency it was."""
+        self.processed[tid] = True
+        pending, soon, take = self.pending, self.clock.soon, self._take
+        for w in self.waiters[tid]:
+            pending[w] -= 1
+            if pending[w] == 0:
+                soon(take, w)
+
+    def _take(self, tid: int) -> None:
+        """Take the task's resources, then run it."""
+        resources = self.tasks[tid].resources
+        if resources:
+            self.ports.acquire(resources, tid)
+        else:
+            self._start(tid)
+
+    def _start(self, tid: int) -> None:
+        task = self.tasks[tid]
+        self.start_s[tid] = self.clock.now
+        if task.mem_start:
+            self._apply(task.mem_start)
+        if task.duration_s > 0 and task.pool is not None:
+            self.pools[task.pool].work(tid, task.duration_s)
+        elif task.duration_s > 0:
+            self.clock.after(task.duration_s, self._finish, tid)
+        else:
+            self._finish(tid)
+
+    def _finish(self, tid: int) -> None:
+        task = self.tasks[tid]
+        if task.mem_end:
+            self._apply(task.mem_end)
+        if task.resources:
+            self.ports.release(task.resources)
+        self.rows.append((
+            task.rank, task.stream or "", task.category, task.kind, task.name, task.stage,
+            task.microbatch, self.start_s[tid], self.clock.now, task.nbytes, task.peer, ",".join(task.resources),
+        ))
+        self.finished[tid] = True
+        self.clock.soon(self._ended, tid)
+        nxt = self.next_in_stream[tid]
+        if nxt is not None:
+            self.begin(nxt)
 
 
 def simulate(graph: TaskGraph) -> SimResult:
@@ -217,65 +391,39 @@ def simulate(graph: TaskGraph) -> SimResult:
     Raises:
         DeadlockError: some tasks never ran.
     """
-    env = simpy.Environment()
+    run = _Run(graph)
     tasks = graph.tasks
-    done = [env.event() for _ in tasks]
-    finished = [False] * len(tasks)
-    ports = _Ports(env)
-    pools = {name: _SharedProcessors(env, count) for name, count in graph.pools.items()}
-    memory = list(graph.static_memory_bytes) or [0.0] * graph.num_ranks
-    mem_rows: list[tuple[int, float, float]] = [(r, 0.0, memory[r]) for r in range(graph.num_ranks)]
-    rows: list[tuple] = []
-
-    def apply(deltas: list[tuple[int, float]]) -> None:
-        for rank, delta in deltas:
-            memory[rank] += delta
-            mem_rows.append((rank, env.now, memory[rank]))
-
-    def run(task: Task):
-        if task.deps:
-            yield env.all_of([done[d] for d in task.deps])
-        if task.resources:
-            yield ports.acquire(task.resources)
-        start = env.now
-        apply(task.mem_start)
-        if task.duration_s > 0 and task.pool is not None:
-            yield pools[task.pool].work(task.tid, task.duration_s)
-        elif task.duration_s > 0:
-            yield env.timeout(task.duration_s)
-        apply(task.mem_end)
-        if task.resources:
-            ports.release(task.resources)
-        rows.append((
-            task.rank, task.stream or "", task.category, task.kind, task.name, task.stage,
-            task.microbatch, start, env.now, task.nbytes, task.peer, ",".join(task.resources),
-        ))
-        finished[task.tid] = True
-        done[task.tid].succeed()
-
-    def run_stream(ids: list[int]):
-        for tid in ids:
-            yield from run(tasks[tid])
-
     streams: dict[tuple[int, str], list[int]] = {}
+    starts = []
     for t in tasks:
         if t.stream is None:
-            env.process(run(t))
+            starts.append(t.tid)
         else:
             streams.setdefault((t.rank, t.stream), []).append(t.tid)
     for ids in streams.values():
-        env.process(run_stream(ids))
-    env.run()
+        for a, b in zip(ids, ids[1:]):
+            run.next_in_stream[a] = b
+        starts.append(ids[0])
+    collecting = gc.isenabled()
+    gc.disable()  # the run allocates many short-lived objects and no cycles
+    try:
+        for tid in starts:
+            run.begin(tid)
+        run.clock.run()
+    finally:
+        if collecting:
+            gc.enable()
 
-    if not all(finished):
-        raise DeadlockError(_describe_deadlock(tasks, finished, streams))
-    trace = pd.DataFrame(rows, columns=TRACE_COLUMNS).sort_values(["start_s", "rank"], kind="stable")
-    mem = pd.DataFrame(mem_rows, columns=["rank", "time_s", "bytes"])
+    if not all(run.finished):
+        raise DeadlockError(_describe_deadlock(tasks, run.finished, streams))
+    trace = pd.DataFrame(run.rows, columns=TRACE_COLUMNS).sort_values(["start_s", "rank"], kind="stable")
+    mem = pd.DataFrame(run.mem_rows, columns=["rank", "time_s", "bytes"])
     return SimResult(
         trace=trace.reset_index(drop=True),
         memory=mem,
         makespan_s=float(trace["end_s"].max()) if len(trace) else 0.0,
-        events=len(rows),
+        events=len(run.rows),
+        simpy_events=run.clock.events,
     )
 
 

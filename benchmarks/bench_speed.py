@@ -1,0 +1,184 @@
+"""Speed of the simulator on a fixed set of configurations (issue: a DeepSeek-V3 step in under a
+second, a dense step in half a second including start-up).
+
+Run: ``.venv/bin/python benchmarks/bench_speed.py [--repeat 3] [--cases NAME,...]``.
+
+For each configuration it prints tasks, SimPy events, wall and CPU seconds (whole step, and the
+cost / lower / engine / metrics split), tasks per CPU second through the engine, peak RSS, and
+the CPU time as a ratio to a fixed pure-Python reference workload timed in the same run (these
+machines are shared and noisy: compare ratios, not seconds). Every in-process case runs in its
+own child process (clean RSS); the two ``e2e`` cases time a whole ``simtrain compare ... --json``
+from process start to JSON. With torch installed it also times torch's own unit-time
+``_simulate_comms_compute`` on the same 1F1B orders, as a peer ratio. Each figure is the
+minimum over ``--repeat`` runs. Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # benchmark this checkout's simtrain
+DEEPSEEK = ROOT / "dashboards" / "deepseek-v3.yaml"
+
+CASES = {
+    # name: (model, hardware, schedule, parallel overrides) -- in-process run_schedule
+    "dense-1f1b-p16-m128": ("llama3-405b", "h100-sxm", "1f1b", dict(pp=16, tp=8, dp=8, microbatches=128)),
+    "dense-1f1b-p8-m128": ("llama3-405b", "h100-sxm", "1f1b", dict(pp=8, tp=8, dp=8, microbatches=128)),
+    "dense-1f1b-p16-m64": ("llama3-405b", "h100-sxm", "1f1b", dict(pp=16, tp=8, dp=8, microbatches=64)),
+    "llama405b-zbv-p16-m128": ("llama3-405b", "h100-sxm", "zbv", dict(pp=16, tp=8, dp=8, microbatches=128)),
+    "llama405b-dualpipev-p16-m128": ("llama3-405b", "h100-sxm", "dualpipev", dict(pp=16, tp=8, dp=8, microbatches=128)),
+    "dsv3-dualpipe-m64": ("scenario", "", "dualpipe", dict(microbatches=64)),
+    "dsv3-dualpipe-waved-m64": ("scenario", "", "dualpipe+waved-ep", dict(microbatches=64)),
+    "dsv3-dualpipe-m128": ("scenario", "", "dualpipe", dict(microbatches=128)),
+    "dsv3-dualpipe-waved-m128": ("scenario", "", "dualpipe+waved-ep", dict(microbatches=128)),
+}
+E2E = {
+    "e2e-llama70b-1f1b": ["compare", "--model", "llama3-70b", "--hardware", "h100-sxm", "--tp", "8", "--pp", "8",
+                          "--dp", "4", "--microbatches", "32", "--schedules", "1f1b", "--json"],
+    "e2e-dsv3-dualpipe-waved-m64": ["compare", str(DEEPSEEK), "--schedules", "dualpipe+waved-ep",
+                                    "--microbatches", "64", "--json"],
+}
+
+
+def reference_workload() -> float:
+    """CPU seconds of a fixed pure-Python workload (heap, dict and float arithmetic, the
+    operations a discrete-event simulator is made of)."""
+    import heapq
+
+    t0 = time.process_time()
+    heap: list[tuple[float, int]] = []
+    seen: dict[int, float] = {}
+    x = 0.0
+    for i in range(300_000):
+        heapq.heappush(heap, ((i * 7919) % 1000 * 1e-3, i))
+        seen[i % 4096] = x
+        x += i * 1e-9
+        if len(heap) > 64:
+            heapq.heappop(heap)
+    return time.process_time() - t0
+
+
+def _timed(module, name: str, split: dict[str, float]) -> None:
+    """Wrap ``module.name`` so that its CPU seconds add up in ``split[name]``."""
+    fn = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            split[name] = split.get(name, 0.0) + time.process_time() - t0
+
+    setattr(module, name, wrapper)
+
+
+def run_one(case: str) -> dict:
+    """Run one in-process case (in this process) and return its measurements."""
+    t_import = time.process_time()
+    import simtrain.scenario as scenario
+    from simtrain.hardware import load_profile
+    from simtrain.models import load_model
+    from simtrain.parallel import ParallelConfig
+
+    import_s = time.process_time() - t_import
+    model_name, hw_name, schedule, overrides = CASES[case]
+    if model_name == "scenario":
+        sc = scenario.load_scenario(DEEPSEEK)
+        model, hw = load_model(sc.model), load_profile(sc.hardware)
+        parallel = sc.parallel.model_copy(update=overrides)
+    else:
+        model, hw = load_model(model_name), load_profile(hw_name)
+        parallel = ParallelConfig(**overrides)
+    split: dict[str, float] = {}
+    for name in ("stage_costs", "lower", "simulate", "compute_report"):
+        if hasattr(scenario, name):
+            _timed(scenario, name, split)
+    w0, c0 = time.perf_counter(), time.process_time()
+    run = scenario.run_schedule(schedule, model, hw, parallel)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    tasks = run.result.events
+    engine = split.get("simulate", float("nan"))
+    return {
+        "case": case, "tasks": tasks, "simpy_events": getattr(run.result, "simpy_events", None),
+        "wall_s": wall, "cpu_s": cpu, "import_cpu_s": import_s,
+        "split_cpu_s": split, "engine_tasks_per_cpu_s": tasks / engine if engine else None,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def run_e2e(case: str) -> dict:
+    """Time a whole ``simtrain compare`` process (start-up included)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    w0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", "from simtrain.cli import main; main()", *E2E[case]],
+                          capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - w0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    json.loads(proc.stdout)  # it printed its rows
+    return {"case": case, "wall_s": wall,
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "peak_rss_mib": after.ru_maxrss / 1024}
+
+
+def torch_peer() -> dict | None:
+    """CPU seconds of torch's ``_simulate_comms_compute`` on 1F1B p=16, m=128 (with its sends
+    and receives added by ``_add_send_recv``), or None without torch."""
+    try:
+        from torch.distributed.pipelining import schedules as ts
+    except ImportError:
+        return None
+    from simtrain.schedules import generate
+
+    sched = generate("1f1b", 16, 128, 1)
+    compute = {r: [ts._Action.from_str(str(a)) for a in order] for r, order in enumerate(sched.orders)}
+    c0 = time.process_time()
+    comms = ts._add_send_recv(compute, stage_to_rank=lambda s: s, num_stages=16)
+    ts._simulate_comms_compute(comms, stage_to_rank=lambda s: s, num_stages=16)
+    return {"case": "torch-simulate-comms-compute-1f1b-p16-m128", "cpu_s": time.process_time() - c0,
+            "actions": sum(len(v) for v in comms.values())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cases", default=",".join([*CASES, *E2E]))
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.one)))
+        return
+    ref = min(reference_workload() for _ in range(args.repeat))
+    print(f"reference workload: {ref:.3f} CPU s (min of {args.repeat}); ratios below are CPU s / reference")
+    for case in args.cases.split(","):
+        runs = []
+        for _ in range(args.repeat):
+            if case in E2E:
+                runs.append(run_e2e(case))
+            else:
+                out = subprocess.run([sys.executable, __file__, "--one", case], capture_output=True, text=True,
+                                     cwd=ROOT, check=True)
+                runs.append(json.loads(out.stdout))
+        best = min(runs, key=lambda r: r["cpu_s"])
+        extra = ""
+        if "tasks" in best:
+            split = " ".join(f"{k} {v:.3f}" for k, v in best["split_cpu_s"].items())
+            rate = best["engine_tasks_per_cpu_s"]
+            extra = (f"tasks {best['tasks']:7d} simpy events {best['simpy_events']}  engine "
+                     f"{rate:,.0f} tasks/CPU s  [{split}]  import {best['import_cpu_s']:.2f} s")
+        print(f"{case:30s} cpu {best['cpu_s']:7.3f} s (x{best['cpu_s'] / ref:6.2f} ref) wall {best['wall_s']:7.3f} s "
+              f"rss {best['peak_rss_mib']:6.0f} MiB  {extra}", flush=True)
+    peer = torch_peer()
+    if peer:
+        print(f"{peer['case']:30s} cpu {peer['cpu_s']:7.3f} s (x{peer['cpu_s'] / ref:6.2f} ref), "
+              f"{peer['actions']} actions with comms")
+
+
+if __name__ == "__main__":
+    main()

@@ -17,9 +17,17 @@ so it holds at most ``warm-up + 1`` chunk activations. With unit costs the bubbl
 
 Megatron needs ``m`` to be a multiple of ``p`` (with its default group size ``p``, a last group
 shorter than ``p`` is refused). torch's ``ScheduleInterleaved1F1B`` issues the same orders for
-those ``m`` (checked against the recorded orders) and relaxes the rule by growing the group;
-simtrain's ``interleaved-1f1b`` keeps Megatron's rule, and torch's relaxed orders can be imported
-with ``--schedule-file``. With ``v = 1`` the same rules give torch's ``ScheduleInterleaved1F1B``
+those ``m`` (checked against the recorded orders) and relaxes the rule ("flexible" interleaving,
+torch 2.13 ``torch/distributed/pipelining/schedules.py``, ``ScheduleInterleaved1F1B.__init__``
+and ``_get_warmup_ops``): with ``rounds = max(1, m // p)`` the group is ``g = m / rounds``
+microbatches, which must be whole, and the warm-up is
+
+    warm-up = min((v - 1)·g + 2·(p - r - 1), m·v),
+
+which is Megatron's for ``m`` a multiple of ``p`` (g = p). simtrain's ``interleaved-1f1b``
+follows torch there: m = 10 on p = 4 runs in groups of 5, m = 3 in one group of 3, and m = 7 on
+p = 2 (3 rounds of 7/3 microbatches) is refused (tests/test_schedules_interleaved_flexible.py checks
+every order against torch's). With ``v = 1`` the same rules give torch's ``ScheduleInterleaved1F1B``
 with one stage per rank (warm-up ``2(p-r-1)``); Megatron-LM runs plain 1F1B there instead.
 """
 
@@ -49,6 +57,23 @@ def virtual_microbatches(microbatches: int, vp: int, group: int) -> list[tuple[i
     return table
 
 
+def round_size(name: str, torch_class: str, pp: int, microbatches: int) -> int:
+    """Microbatches per round of torch's flexible interleaved schedules: ``m / rounds`` with
+    ``rounds = max(1, m // pp)`` (torch 2.13 ``ScheduleInterleaved1F1B.__init__``, the same rule in
+    ``ScheduleInterleavedZeroBubble``).
+
+    Raises:
+        ScheduleError: m is not a whole number of rounds (naming ``name`` and ``torch_class``).
+    """
+    rounds = max(1, microbatches // pp)
+    if microbatches % rounds:
+        raise ScheduleError(
+            f"{name}: --microbatches = {microbatches} with --pp {pp}: torch's {torch_class} runs "
+            f"{rounds} rounds of microbatches and needs m to be a multiple of {rounds}"
+        )
+    return microbatches // rounds
+
+
 def looped_actions(
     rank: int, pp: int, vp: int, table: list[tuple[int, int]], backward_kind: str
 ) -> tuple[list[Action], list[Action]]:
@@ -72,7 +97,8 @@ def interleaved_1f1b(pp: int, microbatches: int, vp: int = 2) -> Schedule:
 
     Args:
         pp: pipeline ranks.
-        microbatches: m, a multiple of pp.
+        microbatches: m; a multiple of ``max(1, m // pp)`` (any multiple of pp is; see the module
+            docstring for torch's flexible rule).
         vp: model chunks (virtual stages) per rank (>= 1).
 
     Returns:
@@ -80,16 +106,10 @@ def interleaved_1f1b(pp: int, microbatches: int, vp: int = 2) -> Schedule:
         :class:`ScheduleWarning` when vp = 1, which interleaves nothing).
 
     Raises:
-        ScheduleError: pp < 1, m < 1, vp < 1, or m not a multiple of pp.
+        ScheduleError: pp < 1, m < 1, vp < 1, or m not a whole number of rounds.
     """
     check_common("interleaved-1f1b", pp, microbatches, vp)
-    if microbatches % pp:
-        lower = microbatches // pp * pp
-        choices = f"{lower} or {lower + pp}" if lower else f"{pp}"
-        raise ScheduleError(
-            f"interleaved-1f1b: --microbatches = {microbatches} with --pp {pp}: Megatron-LM's "
-            f"interleaved schedule needs m to be a multiple of pp (e.g. {choices})"
-        )
+    group = round_size("interleaved-1f1b", "ScheduleInterleaved1F1B", pp, microbatches)
     if vp == 1 and pp > 1:
         warnings.warn(
             "interleaved-1f1b: --vp = 1: one stage per rank, so nothing is interleaved; simulating "
@@ -98,10 +118,10 @@ def interleaved_1f1b(pp: int, microbatches: int, vp: int = 2) -> Schedule:
             ScheduleWarning,
             stacklevel=2,
         )
-    table = virtual_microbatches(microbatches, vp, group=pp)
+    table = virtual_microbatches(microbatches, vp, group=group)
     orders = []
     for rank in range(pp):
         forwards, backwards = looped_actions(rank, pp, vp, table, "B")
-        warmup = 2 * (pp - rank - 1) + (vp - 1) * pp
+        warmup = 2 * (pp - rank - 1) + (vp - 1) * group
         orders.append(one_f_one_b_phases(forwards, backwards, warmup))
     return Schedule("interleaved-1f1b", microbatches, looped_placement(pp, vp), tuple(orders))

@@ -20,8 +20,8 @@ only inserts idle slots, which a simulator derives from the dependencies.
 from __future__ import annotations
 
 from .common import check_common, looped_placement, one_f_one_b_phases
-from .interleaved import looped_actions, virtual_microbatches
-from .ir import Action, Schedule, ScheduleError
+from .interleaved import looped_actions, round_size, virtual_microbatches
+from .ir import Action, Schedule
 
 
 def interleaved_zero_bubble(pp: int, microbatches: int, vp: int = 2) -> Schedule:
@@ -39,14 +39,7 @@ def interleaved_zero_bubble(pp: int, microbatches: int, vp: int = 2) -> Schedule
         ScheduleError: pp < 1, m < 1, vp < 1, or m not a multiple of the number of rounds.
     """
     check_common("interleaved-zb", pp, microbatches, vp)
-    rounds = max(1, microbatches // pp)
-    if microbatches % rounds:
-        raise ScheduleError(
-            f"interleaved-zb: --microbatches = {microbatches} with --pp {pp}: torch's "
-            f"ScheduleInterleavedZeroBubble runs {rounds} rounds of microbatches and needs m to "
-            f"be a multiple of {rounds}"
-        )
-    group = microbatches // rounds
+    group = round_size("interleaved-zb", "ScheduleInterleavedZeroBubble", pp, microbatches)
     table = virtual_microbatches(microbatches, vp, group)
     orders = []
     for rank in range(pp):

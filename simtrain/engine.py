@@ -42,19 +42,11 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-import pandas as pd
 import simpy
 from simpy.events import NORMAL
 
 from .errors import SimtrainError
-
-TRACE_COLUMNS = [
-    "rank", "stream", "category", "kind", "name", "stage", "microbatch",
-    "start_s", "end_s", "bytes", "peer", "resources",
-]
-"""Columns of the trace table, one row per executed task (``resources``: the names of the
-resources the task held, joined by ``","``; empty when it held none)."""
-
+from .trace import Trace
 
 @dataclass
 class Task:
@@ -118,24 +110,8 @@ class TaskGraph:
         return task
 
 
-@dataclass
-class SimResult:
-    """What the engine recorded.
-
-    Attributes:
-        trace: DataFrame with :data:`TRACE_COLUMNS`, one row per task, sorted by start.
-        memory: DataFrame (rank, time_s, bytes): each rank's memory after every change,
-            beginning with its static memory at time 0.
-        makespan_s: end of the last task.
-        events: number of tasks executed (engine events for benchmarks).
-        simpy_events: number of SimPy events the run scheduled (benchmarks).
-    """
-
-    trace: pd.DataFrame
-    memory: pd.DataFrame
-    makespan_s: float
-    events: int
-    simpy_events: int = 0
+SimResult = Trace
+"""What :func:`simulate` returns: a :class:`simtrain.trace.Trace` (the old name, kept for callers)."""
 
 
 class DeadlockError(SimtrainError):
@@ -379,14 +355,14 @@ class _Run:
             self.begin(nxt)
 
 
-def simulate(graph: TaskGraph) -> SimResult:
+def simulate(graph: TaskGraph) -> Trace:
     """Run ``graph`` to completion.
 
     Args:
         graph: the tasks; dependencies must refer to tasks of the same graph.
 
     Returns:
-        The trace and memory timeline.
+        The :class:`simtrain.trace.Trace`: tasks table, memory timeline, makespan.
 
     Raises:
         DeadlockError: some tasks never ran.
@@ -416,15 +392,7 @@ def simulate(graph: TaskGraph) -> SimResult:
 
     if not all(run.finished):
         raise DeadlockError(_describe_deadlock(tasks, run.finished, streams))
-    trace = pd.DataFrame(run.rows, columns=TRACE_COLUMNS).sort_values(["start_s", "rank"], kind="stable")
-    mem = pd.DataFrame(run.mem_rows, columns=["rank", "time_s", "bytes"])
-    return SimResult(
-        trace=trace.reset_index(drop=True),
-        memory=mem,
-        makespan_s=float(trace["end_s"].max()) if len(trace) else 0.0,
-        events=len(run.rows),
-        simpy_events=run.clock.events,
-    )
+    return Trace.from_rows(run.rows, run.mem_rows, simpy_events=run.clock.events)
 
 
 def _describe_deadlock(tasks: list[Task], finished: list[bool], streams: dict) -> str:

@@ -1,6 +1,6 @@
 """Export simulated steps for other tools: Chrome / Perfetto trace-event JSON and CSV tables.
 
-Input is the trace and memory DataFrames of :mod:`simtrain.engine` (pure pandas; nothing here
+Input is the tasks and memory tables of a :class:`simtrain.trace.Trace` (pure pandas; nothing here
 knows about SimPy). Each schedule's step becomes, per rank, one *process* in the trace viewer, and
 each stream of that rank one *thread*: ``compute`` first, then the communication lanes
 (``p2p`` for point-to-point transfers, and each collective stream such as ``tp``, ``dp``).
@@ -23,47 +23,10 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import SimtrainError
+from .trace import lane_order, lanes
 
 US = 1e6
 GiB = 2**30
-COMPUTE_LANE = "compute"
-P2P_LANE = "p2p"
-
-
-def lane_of(category: str, stream: str | None, kind: str) -> str:
-    """The lane (timeline row / trace thread) a task is drawn in.
-
-    Args:
-        category: ``"compute"`` or ``"comm"``.
-        stream: the task's stream ("" or None for stream-less transfers).
-        kind: the task's kind (used when a communication task has no stream).
-
-    Returns:
-        ``"compute"`` for compute, the stream name for streamed communication, ``"p2p"`` for
-        stream-less point-to-point transfers, else the kind.
-    """
-    if category == "compute":
-        return COMPUTE_LANE
-    if stream:
-        return str(stream)
-    return P2P_LANE if kind == "p2p" else str(kind)
-
-
-def lanes(trace: pd.DataFrame) -> pd.Series:
-    """:func:`lane_of` for every row of a trace (a Series aligned with ``trace``)."""
-    return pd.Series(
-        [lane_of(c, s, k) for c, s, k in zip(trace["category"], trace["stream"], trace["kind"])],
-        index=trace.index, dtype=object,
-    )
-
-
-def lane_order(names: Iterable[str]) -> list[str]:
-    """Lanes in drawing order: compute, tp (it runs between compute tasks), p2p, the other
-    communication lanes alphabetically, and dp (gradient reduction, at the end of the step) last."""
-    rank = {COMPUTE_LANE: 0, "tp": 1, P2P_LANE: 2, "dp": 4}
-    return sorted(set(names), key=lambda n: (rank.get(n, 3), n))
-
-
 def _clean(value):
     """JSON-safe scalar: NaN/None -> None, numpy numbers -> Python numbers."""
     if value is None:
@@ -83,7 +46,7 @@ def chrome_trace(
     """Build the trace-event JSON object of one or more simulated steps.
 
     Args:
-        traces: schedule name -> engine trace (columns of :data:`simtrain.engine.TRACE_COLUMNS`).
+        traces: schedule name -> engine trace (columns of :data:`simtrain.trace.TRACE_COLUMNS`).
         memories: schedule name -> memory timeline (rank, time_s, bytes), optional.
 
     Returns:

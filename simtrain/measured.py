@@ -2,7 +2,7 @@
 
 Call :func:`read_torch_trace` with the trace file(s) of one step — torch writes one file per rank
 (``prof.export_chrome_trace(path)``) — and get the step's actions as a table with the columns of
-the engine's trace, so measured and simulated steps can be drawn and compared the same way.
+the simulated trace (:mod:`simtrain.trace`), so measured and simulated steps can be drawn and compared the same way.
 
 How ``torch.distributed.pipelining`` (2.x, ``schedules.py``) labels its actions with
 ``torch.profiler.record_function`` (complete events, ``"ph": "X"``, category ``user_annotation``):
@@ -37,10 +37,11 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import SimtrainError
+from .trace import TRACE_COLUMNS
 
-COLUMNS = ["rank", "stream", "category", "kind", "name", "stage", "microbatch",
-           "start_s", "end_s", "bytes", "peer", "resources", "label"]
-"""Columns of :func:`read_torch_trace`'s table: the engine trace's, plus torch's ``label``."""
+COLUMNS = [*TRACE_COLUMNS, "label"]
+"""Columns of :func:`read_torch_trace`'s table: the trace's (:data:`simtrain.trace.TRACE_COLUMNS`),
+plus torch's ``label``."""
 
 US = 1e-6
 

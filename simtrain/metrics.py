@@ -42,8 +42,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from .engine import SimResult
-from .network import parse_port
+from .trace import Trace, held_resources
 
 
 def _union(intervals: np.ndarray) -> np.ndarray:
@@ -140,7 +139,7 @@ class Report:
 
 def compute_report(
     name: str,
-    result: SimResult,
+    result: Trace,
     *,
     hbm_bytes: float,
     model_flops_per_replica: float,
@@ -154,7 +153,7 @@ def compute_report(
 
     Args:
         name: schedule name.
-        result: the engine's output.
+        result: the engine's output (a :class:`simtrain.trace.Trace`).
         hbm_bytes: HBM capacity per GPU.
         model_flops_per_replica: model FLOPs of the step for one DP replica (all its GPUs).
         peak_flops: peak FLOP/s of one GPU in the compute dtype.
@@ -218,21 +217,67 @@ def link_utilisation(trace: pd.DataFrame, num_ranks: int, step_s: float) -> dict
     """Busy time / (ranks x step) per port kind (see the module docstring).
 
     Args:
-        trace: the engine trace (its ``resources`` column names the ports each task held).
+        trace: the tasks table (its ``resources`` column names the ports each task held).
         num_ranks: ranks simulated.
         step_s: step time.
 
     Returns:
         ``{kind: utilisation}`` with kind ``"<link>:<direction>"`` for link ports (see
-        :func:`simtrain.network.parse_port`; other resources are their own kind), sorted by kind.
+        :func:`simtrain.trace.parse_port`; other resources are their own kind), sorted by kind.
     """
-    if step_s <= 0 or "resources" not in trace or trace.empty:
+    if step_s <= 0:
         return {}
     busy: dict[str, float] = {}
-    held = trace[trace["resources"].fillna("") != ""]
-    for res, start, end in zip(held["resources"], held["start_s"], held["end_s"]):
-        for name in str(res).split(","):
-            port = parse_port(name)
-            kind = f"{port[0]}:{port[2]}" if port else name
-            busy[kind] = busy.get(kind, 0.0) + end - start
+    for port, _rank, _kind, start, end in held_resources(trace):
+        busy[port] = busy.get(port, 0.0) + end - start  # this order of additions is what the goldens pin
     return {k: v / (num_ranks * step_s) for k, v in sorted(busy.items())}
+
+
+LINK_BUSY_COLUMNS = ["port", "rank", "kind", "busy_s", "fraction"]
+
+
+def link_busy(trace: pd.DataFrame, step_s: float) -> pd.DataFrame:
+    """Busy fraction of every link port, per rank and kind of traffic (what the dashboard draws).
+
+    A port (engine resource ``"<link>:<rank>:<out|in>"``) is held by one task at a time, so the
+    busy time of a port is the sum of the durations of the tasks that held it.
+
+    Args:
+        trace: the tasks table (``resources``: comma-joined names; empty for none).
+        step_s: the step time the fractions are of.
+
+    Returns:
+        DataFrame (port, rank, kind, busy_s, fraction), port ``"<link>:<direction>"`` (e.g.
+        ``"nvlink:out"``; any other resource its own name, with the rank of the task that held
+        it), kind the kind of traffic, sorted by (port, rank, kind); empty when nothing was held.
+    """
+    held = held_resources(trace) if step_s > 0 else []
+    if not held:
+        return pd.DataFrame(columns=LINK_BUSY_COLUMNS)
+    df = pd.DataFrame([(port, rank, kind, end - start) for port, rank, kind, start, end in held],
+                      columns=["port", "rank", "kind", "busy_s"])
+    df = df.groupby(["port", "rank", "kind"], as_index=False)["busy_s"].sum()
+    df["fraction"] = df["busy_s"] / step_s
+    return df[LINK_BUSY_COLUMNS]
+
+
+def time_breakdown(report: Report, trace: pd.DataFrame) -> dict[str, float]:
+    """Where a rank's step goes, in seconds, averaged over ranks (the dashboard's step-time bar).
+
+    Args:
+        report: the step's :class:`Report` (its ranks, exposed communication and step time).
+        trace: the step's tasks table.
+
+    Returns:
+        ``{kind: seconds}``: busy time per compute kind (summed over ranks / ranks), then
+        ``"exposed comm"`` (:attr:`Report.exposed_comm_s`) and ``"idle"`` (the rest of the step,
+        at least 0). The values add up to the step time when compute and exposed communication
+        fit in it.
+    """
+    n = max(1, len(report.peak_memory_bytes))
+    comp = trace[trace["category"] == "compute"]
+    out = ((comp["end_s"] - comp["start_s"]).groupby(comp["kind"]).sum() / n).to_dict()
+    busy = sum(out.values())
+    out["exposed comm"] = report.exposed_comm_s
+    out["idle"] = max(0.0, report.step_time_s - busy - report.exposed_comm_s)
+    return out

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from simtrain.cli import app
-from simtrain.export import lanes
+from simtrain.trace import lanes
 from simtrain.hardware import load_profile
 from simtrain.models import load_model
 from simtrain.parallel import ParallelConfig

@@ -133,7 +133,7 @@ def test_scenario_resolves_a_model_file_next_to_it(tmp_path):
 def test_coarsen_trace_merges_an_actions_close_subtasks_only():
     import pandas as pd
 
-    from simtrain.engine import TRACE_COLUMNS
+    from simtrain.trace import TRACE_COLUMNS
     from simtrain.viz import coarsen_trace
 
     rows = []

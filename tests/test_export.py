@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from simtrain.cli import app
 from simtrain.scenario import load_scenario
-from simtrain.export import chrome_trace, lane_of
+from simtrain.export import chrome_trace
+from simtrain.trace import lane_of
 
 from conftest import unit_run
 
@@ -97,7 +98,8 @@ def test_export_refuses_to_overwrite_an_input(tmp_path):
 
 
 def test_plotting_export_and_trace_reading_do_not_load_the_engine():
-    code = ("import sys, simtrain.viz, simtrain.export, simtrain.measured, simtrain.overlay; "
+    code = ("import sys, simtrain.trace, simtrain.metrics, simtrain.viz, simtrain.export, simtrain.measured, "
+            "simtrain.overlay; "
             "print('simpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"

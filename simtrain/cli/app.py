@@ -1,0 +1,60 @@
+"""The ``simtrain`` typer application, its consoles and the error convention of every command.
+
+Every user error ends as one line ``error: ...`` on stderr and exit status 2, never a traceback
+(commands are wrapped by :func:`user_errors`; typer reports unknown flags and bad types with 2).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import warnings
+from collections.abc import Callable
+
+import typer
+from rich.console import Console
+
+from ..errors import SimtrainError
+from ..schedules import ScheduleWarning
+
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    help="Simulate pipeline-parallel training schedules on real models and hardware.",
+)
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
+    """Print schedule warnings as ``warning: ...`` lines on stderr; pass other warnings on."""
+    for w in caught:
+        if issubclass(w.category, ScheduleWarning):
+            err.print(f"warning: {w.message}", markup=False, highlight=False, soft_wrap=True)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+def user_errors(command: Callable[..., None]) -> Callable[..., None]:
+    """Decorate a command so a :class:`SimtrainError` prints ``error: ...`` and exits with 2, and
+    schedule warnings print as ``warning: ...``."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs) -> None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ScheduleWarning)
+            try:
+                command(*args, **kwargs)
+            except SimtrainError as exc:
+                _print_warnings(caught)
+                err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+                raise typer.Exit(2) from None
+        _print_warnings(caught)
+
+    return wrapper
+
+
+def main() -> None:
+    """Console-script entry point (``simtrain``)."""
+    app(prog_name="simtrain")

@@ -1,0 +1,270 @@
+"""``simtrain compare``: parse the flags, merge them into settings, run the schedules (and the
+sweep), render the tables, dashboard and trace files."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Optional
+
+import pandas as pd
+import typer
+from rich.table import Table
+
+from ..engine import DeadlockError
+from ..errors import SimtrainError
+from ..export import check_output_path, write_chrome_trace, write_output, write_trace_csv
+from ..hardware import GiB, HardwareProfile
+from ..metrics import Report
+from ..models import ModelSpec
+from ..parallel import ParallelConfig
+from ..scenario import ScheduleRun, run_schedule
+from ..schedules import Schedule, split_name
+from ..schedules.io import read_torch_csv
+from ..sweep import SweepSpec, parse_sweep, run_sweep, sweep_from_mapping
+from ..viz import Panel, Sweep, write_dashboard
+from ..viz.tables import SWEEP_COLUMNS, summary_columns
+from .app import app, err, out, user_errors
+from .settings import Settings, fit_to_file, load_settings, parallel_from
+
+@app.command()
+@user_errors
+def compare(
+    scenario: Annotated[Optional[Path], typer.Argument(help="scenario YAML (default: dashboards/default.yaml)")] = None,
+    model: Annotated[Optional[str], typer.Option(help="model preset name or YAML file")] = None,
+    hardware: Annotated[Optional[str], typer.Option(help="hardware profile name or YAML file")] = None,
+    pp: Annotated[Optional[int], typer.Option(help="pipeline-parallel ranks")] = None,
+    tp: Annotated[Optional[int], typer.Option(help="tensor-parallel degree")] = None,
+    dp: Annotated[Optional[int], typer.Option(help="data-parallel degree")] = None,
+    ep: Annotated[Optional[int], typer.Option(help="expert-parallel degree (MoE; divides dp x tp)")] = None,
+    vp: Annotated[Optional[int], typer.Option(help="virtual stages per rank (interleaved schedules)")] = None,
+    microbatches: Annotated[Optional[int], typer.Option(help="microbatches per step (m)")] = None,
+    microbatch_size: Annotated[Optional[int], typer.Option(help="sequences per microbatch (b)")] = None,
+    seq_len: Annotated[Optional[int], typer.Option(help="tokens per sequence (default: the model's)")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="compute dtype: bf16, fp16, fp8, fp32, tf32")] = None,
+    zero_stage: Annotated[Optional[int], typer.Option(help="ZeRO stage: 0 or 1")] = None,
+    recompute: Annotated[Optional[str], typer.Option(help="activation recomputation: none, selective, full")] = None,
+    schedules: Annotated[Optional[str], typer.Option(
+        help="comma-separated schedule names; '+waved-ep' adds Waved-EP, e.g. 1f1b,1f1b+waved-ep")] = None,
+    schedule_file: Annotated[Optional[Path], typer.Option(
+        help="simulate the per-rank actions of this torch schedule CSV (sets --pp and --microbatches)")] = None,
+    waves: Annotated[Optional[int], typer.Option(help="expert waves per MoE layer for +waved-ep")] = None,
+    dispatch_dtype: Annotated[Optional[str], typer.Option(help="EP dispatch element type: bf16 or fp8")] = None,
+    expert_imbalance: Annotated[Optional[float], typer.Option(
+        help="most loaded EP rank's tokens / mean (>= 1)")] = None,
+    node_limit: Annotated[Optional[int], typer.Option(help="most nodes a token is dispatched to")] = None,
+    a2a_links: Annotated[Optional[str], typer.Option(
+        help="dispatch and combine on shared link ports, or separate (idealised full duplex)")] = None,
+    forward_only: Annotated[bool, typer.Option("--forward-only", help="forward passes only (inference)")] = False,
+    op_times: Annotated[Optional[str], typer.Option(help="fixed seconds per action F,I,W (B = I + W)")] = None,
+    no_comm: Annotated[bool, typer.Option("--no-comm", help="make all communication free")] = False,
+    out_path: Annotated[Optional[Path], typer.Option("--out", help="HTML dashboard to write")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result rows as JSON instead of a table")] = False,
+    sweep: Annotated[Optional[str], typer.Option(
+        help="sweep one setting, e.g. microbatches=8,16,32,64 (also pp=, vp=, tp=, dp=, microbatch_size=)")] = None,
+    trace_path: Annotated[Optional[Path], typer.Option(
+        "--trace", help="write a Chrome/Perfetto trace-event JSON file (a process per rank, a thread per stream)")] = None,
+    csv_path: Annotated[Optional[Path], typer.Option("--csv", help="write the trace table as CSV")] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite output files that simtrain did not write")] = False,
+) -> None:
+    """Simulate one training step for each schedule and compare them (table + HTML dashboard)."""
+    overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
+                     seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, waves=waves,
+                     dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
+                     a2a_links=a2a_links, forward_only=True if forward_only else None)
+    st = load_settings(scenario, model, hardware, overrides, op_times, no_comm)
+    plan = _plan_compare(st, schedules, schedule_file, sweep, pp, microbatches)
+    inputs = [p for p in (scenario, Path(model) if model else None, Path(hardware) if hardware else None,
+                          schedule_file) if p]
+    outputs = _check_outputs(st, out_path, as_json, trace_path, csv_path, inputs, force)
+    plan = _at_sweep_point(st, plan)
+    runs, sweep_rows = _run_compare(st, plan)
+    subtitle = _subtitle(st.model, st.hardware, plan.parallel, st.op_times, st.comm)
+    _write_outputs(outputs, st, plan, runs, sweep_rows, subtitle)
+    reports = [r.report for r in runs]
+    if as_json:
+        rows = [r.to_row() for r in reports]
+        if sweep_rows is not None:
+            rows = {"runs": rows, "sweep": json.loads(sweep_rows.to_json(orient="records"))}
+        print(json.dumps(rows, indent=2))
+    else:
+        if sweep_rows is not None:
+            _print_sweep(sweep_rows, plan.sweep.field)
+        _print_summary(reports, subtitle)
+        for label, path in zip(("dashboard", "trace", "csv"), outputs):
+            if path is not None:
+                out.print(f"{label}: {path}")
+    _check_fit(reports)
+
+
+@dataclass
+class _ComparePlan:
+    """What ``compare`` simulates: the parallel config (at the swept value nearest the setting
+    when sweeping), the schedule names, an imported schedule and the sweep."""
+
+    parallel: ParallelConfig
+    names: list[str]
+    imported: Schedule | None
+    schedule_file: Path | None
+    sweep: SweepSpec | None
+
+
+def _schedule_names(schedules: str | None, default: list[str], imported: Schedule | None) -> list[str]:
+    """The ``--schedules`` names (default: the scenario's unless a file is imported), validated.
+
+    Raises:
+        SimtrainError: no schedule at all, an unknown name, or a name given twice.
+    """
+    names = [s.strip() for s in schedules.split(",")] if schedules else ([] if imported else default)
+    names = [n for n in names if n]
+    if not names and imported is None:
+        raise SimtrainError("--schedules: give at least one schedule name")
+    for n in names:
+        try:
+            split_name(n)
+        except SimtrainError as exc:
+            raise SimtrainError(f"--schedules: {exc}") from None
+    twice = [n for n in names if names.count(n) > 1]
+    if twice:
+        raise SimtrainError(f"--schedules: '{twice[0]}' is given twice")
+    return names
+
+
+def _plan_compare(st: Settings, schedules: str | None, schedule_file: Path | None, sweep: str | None,
+                  pp: int | None, microbatches: int | None) -> _ComparePlan:
+    """Read the schedule file and the sweep, and check they go together (see :class:`_ComparePlan`).
+
+    Raises:
+        SimtrainError: a bad schedule file, names or sweep, or a sweep with a schedule file.
+    """
+    parallel, imported = st.parallel, None
+    if schedule_file is not None:
+        imported = read_torch_csv(schedule_file)
+        parallel = fit_to_file(parallel, imported, schedule_file, pp=pp, microbatches=microbatches)
+    names = _schedule_names(schedules, st.scenario.schedules, imported)
+    base = st.scenario
+    spec = parse_sweep(sweep) if sweep else (sweep_from_mapping(base.sweep, st.source) if base.sweep else None)
+    if spec is not None and imported is not None:
+        raise SimtrainError("--sweep cannot be combined with --schedule-file: an imported schedule has fixed "
+                            "ranks and microbatches")
+    return _ComparePlan(parallel, names, imported, schedule_file, spec)
+
+
+def _at_sweep_point(st: Settings, plan: _ComparePlan) -> _ComparePlan:
+    """When sweeping, the plan at the swept value nearest the setting (the detailed comparison is
+    drawn there); else ``plan``."""
+    if plan.sweep is None:
+        return plan
+    own = getattr(plan.parallel, plan.sweep.field)
+    nearest = min(plan.sweep.values, key=lambda v: (abs(v - own), v))
+    return replace(plan, parallel=parallel_from(plan.parallel.model_dump(), {plan.sweep.field: nearest}, st.source))
+
+
+def _check_outputs(st: Settings, out_path: Path | None, as_json: bool, trace_path: Path | None,
+                   csv_path: Path | None, inputs: list[Path], force: bool) -> tuple[Path | None, ...]:
+    """The (dashboard, trace, csv) paths to write, each checked by :func:`check_output_path`."""
+    html_path = out_path or (None if as_json else Path(st.scenario.out or "simtrain-compare.html"))
+    for path, flag, suffix in ((html_path, "--out" if out_path else f"{st.source}: field 'out'", ".html"),
+                               (trace_path, "--trace", ".json"), (csv_path, "--csv", ".csv")):
+        if path is not None:
+            check_output_path(path, flag, suffix, inputs, force)
+    return html_path, trace_path, csv_path
+
+
+def _run_compare(st: Settings, plan: _ComparePlan) -> tuple[list[ScheduleRun], pd.DataFrame | None]:
+    """Simulate every schedule (and the imported one, last) and the sweep.
+
+    Raises:
+        SimtrainError: the imported order deadlocks, or no sweep point could be simulated.
+    """
+    spec, hw, parallel, times, comm = st.model, st.hardware, plan.parallel, st.op_times, st.comm
+    runs = [run_schedule(n, spec, hw, parallel, op_times=times, comm=comm) for n in plan.names]
+    if plan.imported is not None:
+        try:
+            runs.append(run_schedule(plan.imported, spec, hw, parallel, op_times=times, comm=comm))
+        except DeadlockError as exc:
+            raise SimtrainError(f"--schedule-file {plan.schedule_file}: the order cannot run: {exc}") from None
+    sweep_rows = None
+    if plan.sweep is not None:
+        sweep_rows = run_sweep(plan.names, spec, hw, parallel, plan.sweep, op_times=times, comm=comm)
+        if sweep_rows["error"].notna().all():
+            raise SimtrainError(f"--sweep: no point could be simulated; first reason: {sweep_rows['error'].iloc[0]}")
+    return runs, sweep_rows
+
+
+def _subtitle(spec: ModelSpec, hw: HardwareProfile, parallel: ParallelConfig,
+              times: tuple[float, float, float] | None, comm: bool) -> str:
+    """One line of context: model, hardware, degrees, batch, dtype and the simplifications."""
+    return (
+        f"{spec.name} on {hw.name}: TP {parallel.tp} x PP {parallel.pp} x DP {parallel.dp}"
+        + (f" (EP {parallel.ep})" if parallel.ep > 1 else "") + ", "
+        f"{parallel.microbatches} microbatches of {parallel.microbatch_size} x "
+        f"{parallel.seq_len or spec.seq_len} tokens, {parallel.dtype}"
+        + (f", op-times F,I,W = {times}" if times else "") + ("" if comm else ", no communication")
+        + (", forward only" if parallel.forward_only else "")
+    )
+
+
+def _write_outputs(outputs: tuple[Path | None, ...], st: Settings, plan: _ComparePlan, runs: list[ScheduleRun],
+                   sweep_rows: pd.DataFrame | None, subtitle: str) -> None:
+    """Write the dashboard, Chrome trace and CSV that were asked for (None paths are skipped)."""
+    html_path, trace_path, csv_path = outputs
+    base = st.scenario
+    if html_path is not None:
+        write_output(lambda: write_dashboard(
+            html_path, [Panel(r.report, r.result.tasks, r.result.memory) for r in runs],
+            base.title if not st.flags_only else "simtrain comparison", subtitle, source=base.source,
+            sweep=Sweep(sweep_rows, plan.sweep.field, plan.parallel.pp) if plan.sweep else None,
+        ), html_path, "--out")
+    if trace_path is not None:
+        write_output(lambda: write_chrome_trace(trace_path, {r.report.schedule: r.result.tasks for r in runs},
+                                                {r.report.schedule: r.result.memory for r in runs}),
+                     trace_path, "--trace")
+    if csv_path is not None:
+        write_output(lambda: write_trace_csv(csv_path, {r.report.schedule: r.result.tasks for r in runs}),
+                     csv_path, "--csv")
+
+
+def _print_summary(reports: list[Report], subtitle: str) -> None:
+    """The terminal table of :data:`simtrain.viz.tables.SUMMARY_COLUMNS`, one row per schedule."""
+    table = Table(title=subtitle)
+    cols = [c for c in summary_columns(reports) if c.cli is not None]
+    for c in cols:
+        table.add_column(c.cli, justify="left" if c.key == "schedule" else "right", no_wrap=c.key == "schedule")
+    for r in reports:
+        table.add_row(*(c.terminal(r) for c in cols))
+    out.print(table)
+
+
+def _check_fit(reports) -> None:
+    """Warn (stderr) for every schedule whose peak memory overflows HBM; fail if none fits.
+
+    Raises:
+        SimtrainError: no schedule fits.
+    """
+    for r in reports:
+        if not r.fits_in_hbm:
+            worst = max(range(len(r.peak_memory_bytes)), key=lambda i: r.peak_memory_bytes[i])
+            err.print(
+                f"warning: {r.schedule} does not fit in HBM: rank {worst} peaks at "
+                f"{r.peak_memory_bytes[worst] / GiB:.1f} GiB of {r.hbm_bytes / GiB:.0f} GiB"
+            )
+    if not any(r.fits_in_hbm for r in reports):
+        raise SimtrainError("no schedule fits in HBM with this configuration (see the warnings above)")
+
+
+def _print_sweep(rows: pd.DataFrame, field: str) -> None:
+    """The terminal table of :data:`simtrain.viz.tables.SWEEP_COLUMNS`, one row per (value, schedule)."""
+    table = Table(title=f"sweep over {field}")
+    for c in SWEEP_COLUMNS:
+        table.add_column(c.cli.format(field=field), justify="left" if c.key == "schedule" else "right")
+    for r in rows.to_dict("records"):
+        if isinstance(r.get("error"), str):
+            table.add_row(*(c.terminal(r) for c in SWEEP_COLUMNS[:2]), f"[red]not simulated: {r['error']}[/red]",
+                          *[""] * (len(SWEEP_COLUMNS) - 3))
+            continue
+        table.add_row(*(c.terminal(r) for c in SWEEP_COLUMNS))
+    out.print(table)
+
+

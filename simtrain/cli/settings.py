@@ -1,0 +1,97 @@
+"""The settings step of a command: a scenario file merged with the flags, validated, naming the
+flag or the file's field in every error."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from ..errors import SimtrainError
+from ..hardware import HardwareProfile, load_profile
+from ..models import ModelSpec, load_model
+from ..parallel import ParallelConfig
+from ..scenario import DEFAULT_SCENARIO, Scenario, load_scenario
+from ..schedules import Schedule
+
+_FLAG_OF = {"microbatches": "--microbatches", "microbatch_size": "--microbatch-size", "seq_len": "--seq-len",
+            "zero_stage": "--zero-stage"}
+
+
+def parallel_from(base: dict, overrides: dict, source: str) -> ParallelConfig:
+    """Merge CLI overrides into a scenario's parallel section and validate, naming flags on error."""
+    merged = {**base, **{k: v for k, v in overrides.items() if v is not None}}
+    try:
+        return ParallelConfig.model_validate(merged)
+    except ValidationError as exc:
+        parts = []
+        for e in exc.errors():
+            field = str(e["loc"][0]) if e["loc"] else "?"
+            flag = _FLAG_OF.get(field, f"--{field.replace('_', '-')}")
+            where = flag if overrides.get(field) is not None else f"{source}: field 'parallel.{field}'"
+            parts.append(f"{where} = {e.get('input')!r}: {e['msg'].removeprefix('Value error, ')}")
+        raise SimtrainError("; ".join(parts)) from None
+
+
+def parse_op_times(text: str) -> tuple[float, float, float]:
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(math.isfinite(v) and v >= 0 for v in values) or sum(values) <= 0:
+        raise SimtrainError(f"--op-times = {text!r}: expected three finite numbers F,I,W >= 0 seconds, "
+                            "at least one > 0, e.g. 1,1,1")
+    return values  # type: ignore[return-value]
+
+
+@dataclass
+class Settings:
+    """What a command simulates, after merging a scenario file with the flags."""
+
+    scenario: Scenario
+    source: str
+    flags_only: bool
+    model: ModelSpec
+    hardware: HardwareProfile
+    parallel: ParallelConfig
+    op_times: tuple[float, float, float] | None
+    comm: bool
+
+
+def load_settings(scenario: Path | None, model: str | None, hardware: str | None, overrides: dict,
+              op_times: str | None, no_comm: bool) -> Settings:
+    """Merge the scenario file (default: dashboards/default.yaml) with the flags; validate all."""
+    flags_only = scenario is None and model is not None  # --hardware alone: the default scenario on it
+    if flags_only:
+        if hardware is None:
+            raise SimtrainError("give both --model and --hardware (or a scenario file)")
+        base = Scenario(model=model, hardware=hardware)
+        source = "command line"
+    else:
+        path = scenario or DEFAULT_SCENARIO
+        base = load_scenario(path)
+        source = str(path)
+    parallel = parallel_from(base.parallel.model_dump(exclude_unset=True), overrides, source)
+    times = parse_op_times(op_times) if op_times else base.op_times
+    return Settings(base, source, flags_only, load_model(model or base.model), load_profile(hardware or base.hardware),
+                     parallel, times, not (no_comm or base.no_comm))
+
+
+def fit_to_file(
+    parallel: ParallelConfig, schedule: Schedule, path: Path, pp: int | None, microbatches: int | None
+) -> ParallelConfig:
+    """The parallel config with pp and microbatches of an imported schedule.
+
+    Raises:
+        SimtrainError: ``--pp`` or ``--microbatches`` was given and disagrees with the file.
+    """
+    for flag, given, actual, what in (("--pp", pp, schedule.num_ranks, "ranks (rows)"),
+                                      ("--microbatches", microbatches, schedule.num_microbatches, "microbatches")):
+        if given is not None and given != actual:
+            raise SimtrainError(f"{flag} = {given}: the schedule file {path} has {actual} {what}; "
+                                f"drop {flag} or make them agree")
+    return parallel.model_copy(update={"pp": schedule.num_ranks, "microbatches": schedule.num_microbatches})
+
+

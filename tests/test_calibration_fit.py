@@ -7,20 +7,11 @@ import dataclasses
 import pytest
 import yaml
 
-from simtrain.calibration.fit import (
-    build_profile,
-    elementwise_fit,
-    fit_alpha_beta,
-    write_profile,
-)
-from simtrain.calibration.validate import (
-    ValidationModel,
-    import_schedule,
-    parse_schedules,
-    predict,
-    stage_placement,
-    torch_runtime_costs,
-)
+from simtrain.calibration.fit import elementwise_fit, fit_alpha_beta
+from simtrain.calibration.profile import build_profile, write_profile
+from simtrain.calibration.predict import import_schedule, predict, torch_runtime_costs
+from simtrain.calibration.validate import parse_schedules
+from simtrain.calibration.workload import ValidationModel, stage_placement
 from simtrain.costs import stage_costs
 from simtrain.errors import SimtrainError, validate_model
 from simtrain.hardware import GB, ProfileFile, load_profile, profile_from_file_model

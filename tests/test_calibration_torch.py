@@ -17,12 +17,8 @@ torch = pytest.importorskip("torch")
 from typer.testing import CliRunner  # noqa: E402
 
 from conftest import reference_records  # noqa: E402
-from simtrain.calibration.validate import (  # noqa: E402
-    TORCH_SCHEDULES,
-    SavedTensorMeter,
-    _schedule_orders,
-    stage_placement,
-)
+from simtrain.calibration.pipeline_runs import SavedTensorMeter, _schedule_orders  # noqa: E402
+from simtrain.calibration.workload import TORCH_SCHEDULES, stage_placement  # noqa: E402
 from simtrain.cli import app  # noqa: E402
 from simtrain.hardware import load_profile  # noqa: E402
 

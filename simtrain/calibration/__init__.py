@@ -1,13 +1,21 @@
 """Calibration against real torch on the machine at hand (optional extra: ``pip install -e '.[calibrate]'``).
 
+The modules depend on each other in this order only (no cycle):
+
 * :mod:`.launch` starts the ranks of a measurement: spawned locally (gloo on CPU, one process per
   GPU with NCCL) or, under ``torchrun``, the ranks torchrun started.
-* :mod:`.microbench` measures GEMMs, attention, memory-bound kernels, copies, p2p and collectives,
-  and the per-action framework overhead of ``torch.distributed.pipelining``.
+* :mod:`.workload` describes what runs: the validation transformer, torch's schedules and stage
+  placements, the microbenchmark grids and the kernel and stage builders.
+* :mod:`.timing` times work on a rank (timers, the compute clock, a step across ranks).
+* :mod:`.pipeline_runs` runs and measures real ``torch.distributed.pipelining`` training steps
+  (the ``validate`` job, and the pipeline part of ``calibrate``).
+* :mod:`.microbench` measures GEMMs, attention, memory-bound kernels, copies, p2p and collectives
+  (the ``calibrate`` job).
+* :mod:`.predict` imports a measured run into simtrain and simulates it (no torch).
 * :mod:`.fit` turns the measurements into a NEW hardware profile (alpha-beta fits with R² and
   per-size residuals, GEMM and attention rate tables).
-* :mod:`.validate` runs real pipeline-parallel training steps with torch's schedules and compares
-  measured step time and activation memory with what simtrain predicts from the profile.
+* :mod:`.validate` compares measured step time and activation memory of the validation runs with
+  what simtrain predicts from the profile.
 
 Nothing outside this package imports torch.
 """

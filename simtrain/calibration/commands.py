@@ -101,7 +101,7 @@ def calibrate(
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="stop the measurement after this many seconds")] = 900,
 ) -> None:
     """Measure this machine with torch and write a NEW calibrated hardware profile."""
-    from .fit import base_profile_data, build_profile, write_profile
+    from .profile import base_profile_data, build_profile, write_profile
 
     if out_path.exists() and not force:
         raise SimtrainError(f"--out {out_path}: the file exists; choose a new name or pass --force to overwrite it")
@@ -192,7 +192,8 @@ def validate(
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="stop the runs after this many seconds")] = 900,
 ) -> None:
     """Train a small transformer with torch's pipeline schedules; compare with simtrain's prediction."""
-    from .validate import compare, default_model, parse_schedules
+    from .validate import compare, parse_schedules
+    from .workload import default_model
 
     hw = load_profile(profile)
     names = parse_schedules(schedules)

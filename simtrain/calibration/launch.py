@@ -66,7 +66,7 @@ def _job(name: str) -> Callable[[RankContext, dict, Progress], dict]:
     """The job function registered as ``name`` (``calibrate`` or ``validate``)."""
     import importlib
 
-    module = {"calibrate": "microbench", "validate": "validate"}[name]
+    module = {"calibrate": "microbench", "validate": "pipeline_runs"}[name]
     return importlib.import_module(f"{__package__}.{module}").run_rank
 
 

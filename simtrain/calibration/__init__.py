@@ -4,6 +4,7 @@ The modules depend on each other in this order only (no cycle):
 
 * :mod:`.launch` starts the ranks of a measurement: spawned locally (gloo on CPU, one process per
   GPU with NCCL) or, under ``torchrun``, the ranks torchrun started.
+* :mod:`.measurements` types what the ranks measure (typed dicts, as the JSON they travel in).
 * :mod:`.workload` describes what runs: the validation transformer, torch's schedules and stage
   placements, the microbenchmark grids and the kernel and stage builders.
 * :mod:`.timing` times work on a rank (timers, the compute clock, a step across ranks).

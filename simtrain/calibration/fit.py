@@ -42,6 +42,7 @@ import numpy as np
 
 from ..errors import SimtrainError, validate_model
 from ..hardware import GB, ProfileFile, profile_from_file_model
+from .measurements import PipelineMeasurements, PipelineRun
 from .predict import at_speed, cpu_slowdown, predict, torch_runtime_costs
 from .workload import TORCH_SCHEDULES, ValidationModel
 
@@ -164,7 +165,7 @@ PASS_COST = dict(F="forward_s", B="backward_s", I="backward_input_s", W="backwar
 """The :class:`simtrain.costs.ChunkCost` attribute each recorded action kind is compared with."""
 
 
-def _pipeline_costs(hw, run: dict, world: int):
+def _pipeline_costs(hw, run: PipelineRun, world: int):
     """The cost model's per-chunk costs of one calibration run (torch's runtime adjustments applied)."""
     from ..costs import stage_costs
 
@@ -174,7 +175,7 @@ def _pipeline_costs(hw, run: dict, world: int):
     return torch_runtime_costs(costs, cfg.vocab)
 
 
-def in_situ_slowdown(profile_data: dict, pipeline: dict, world: int) -> tuple[dict[str, float], list[dict]]:
+def in_situ_slowdown(profile_data: dict, pipeline: PipelineMeasurements, world: int) -> tuple[dict[str, float], list[dict]]:
     """Per-pass ratio of what a stage's actions took inside real pipeline steps to the cost model's
     sum of their kernels: the profile's ``layer_slowdown``.
 
@@ -212,7 +213,7 @@ def in_situ_slowdown(profile_data: dict, pipeline: dict, world: int) -> tuple[di
     return factors, rows
 
 
-def optimizer_rate(pipeline: dict) -> tuple[float, list[dict]]:
+def optimizer_rate(pipeline: PipelineMeasurements) -> tuple[float, list[dict]]:
     """Bytes/s of the optimizer step in the bytes the cost model counts (``OPTIMIZER_BYTES_PER_PARAM``
     per parameter), from the Adam steps of the calibration runs (all runs and ranks together).
 
@@ -233,7 +234,7 @@ def optimizer_rate(pipeline: dict) -> tuple[float, list[dict]]:
     return total_bytes / total_s, rows
 
 
-def fit_overheads(profile_data: dict, pipeline: dict, world: int) -> tuple[float, float, list[dict]]:
+def fit_overheads(profile_data: dict, pipeline: PipelineMeasurements, world: int) -> tuple[float, float, list[dict]]:
     """Per-action and per-message seconds with which the simulator reproduces the calibration runs.
 
     Each run of :func:`simtrain.calibration.pipeline_runs.pipeline_benchmark` is simulated in the
@@ -257,7 +258,7 @@ def fit_overheads(profile_data: dict, pipeline: dict, world: int) -> tuple[float
         speed[label] = (cpu_slowdown(run["schedule"], run, cfg, hw, world, statistics.median(run["preemption"]))
                         if pipeline.get("cpu_time_profile") else 1.0)
 
-    def simulate(label: str, run: dict, action_s: float, message_s: float) -> float:
+    def simulate(label: str, run: PipelineRun, action_s: float, message_s: float) -> float:
         probe = at_speed(replace(hw, action_overhead_s=action_s, message_overhead_s=message_s), speed[label])
         cfg = ValidationModel(**run["model"])
         return predict(run["schedule"], run, cfg, probe, world).report.step_time_s

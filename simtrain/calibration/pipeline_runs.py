@@ -20,6 +20,7 @@ from dataclasses import asdict
 
 from ..schedules.ir import parse_action
 from .launch import Progress, RankContext
+from .measurements import PipelineMeasurements, PipelineRun, ValidationResult
 from .timing import ComputeClock, timed_step
 from .workload import (
     TORCH_SCHEDULES,
@@ -216,7 +217,7 @@ class _TorchRun:
 
 
 def measure_schedules(ctx: RankContext, cases: dict[str, tuple[str, ValidationModel]], probe_model: ValidationModel,
-                      steps: int, warmup: int, progress: Progress, memory: bool) -> dict:
+                      steps: int, warmup: int, progress: Progress, memory: bool) -> PipelineMeasurements:
     """Train each case (a torch schedule and a model) for a few steps on this rank; measure them.
 
     Used by ``validate`` (the validation model) and by ``calibrate`` (its calibration model). The
@@ -274,12 +275,12 @@ def measure_schedules(ctx: RankContext, cases: dict[str, tuple[str, ValidationMo
         run.probes.append(probe())
 
     out = {label: _gathered(ctx, run, clock, memory) for label, run in runs}
-    return dict(runs=out, probe_keys={k: [list(x) for x in v] for k, v in probe_keys.items()},
+    return PipelineMeasurements(runs=out, probe_keys={k: [list(x) for x in v] for k, v in probe_keys.items()},
                 probe_model=asdict(probe_model),
                 cpu_time_profile=clock.cpu_time)
 
 
-def _gathered(ctx: RankContext, run: _TorchRun, clock: ComputeClock, memory: bool) -> dict:
+def _gathered(ctx: RankContext, run: _TorchRun, clock: ComputeClock, memory: bool) -> PipelineRun:
     """One case's measurements, gathered from every rank (see :func:`measure_schedules`)."""
     import torch.distributed as dist
 
@@ -305,7 +306,7 @@ def _gathered(ctx: RankContext, run: _TorchRun, clock: ComputeClock, memory: boo
         gathered = [None] * ctx.world
         dist.all_gather_object(gathered, mine)
     recorded = [r["executed"] for r in gathered]
-    return dict(
+    return PipelineRun(
         schedule=run.name, model=asdict(run.cfg),
         step_times_s=run.times,
         activation_peak_bytes=[r["peak"] for r in gathered],
@@ -323,7 +324,7 @@ def _gathered(ctx: RankContext, run: _TorchRun, clock: ComputeClock, memory: boo
     )
 
 
-def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
+def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> ValidationResult:
     """The ``validate`` job on one rank: every requested schedule on the validation model,
     measured by :func:`measure_schedules`; rank 0 returns all.
 
@@ -340,11 +341,11 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
     measured = measure_schedules(ctx, cases, cfg, spec["steps"], spec["warmup"], progress, memory=True)
     total = len(cases) * (spec["warmup"] + spec["steps"])
     progress(f"done|{total}|{total}")
-    return dict(schedules=measured["runs"], world=ctx.world, model=spec["model"],
+    return ValidationResult(schedules=measured["runs"], world=ctx.world, model=spec["model"],
                 cpu_time_profile=measured["cpu_time_profile"], probe_keys=measured["probe_keys"])
 
 
-def pipeline_benchmark(ctx: RankContext, spec: dict, progress: Progress) -> dict:
+def pipeline_benchmark(ctx: RankContext, spec: dict, progress: Progress) -> PipelineMeasurements:
     """Real training steps (torch pipeline schedule, Adam) of the calibration model
     (:func:`calibration_models`), measured by :func:`measure_schedules`:
     step times, every action's time in the compute clock, the optimizer step, and the speed probe

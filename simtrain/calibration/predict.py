@@ -13,6 +13,7 @@ from ..costs import StageCosts
 from ..errors import SimtrainError
 from ..hardware import HardwareProfile
 from ..schedules.ir import Schedule, parse_action
+from .measurements import PipelineRun, ValidationResult
 from .workload import TORCH_SCHEDULES, ValidationModel
 
 def probe_seconds(keys: dict, hardware: HardwareProfile, dtype: str = "fp32") -> float:
@@ -31,7 +32,7 @@ def probe_seconds(keys: dict, hardware: HardwareProfile, dtype: str = "fp32") ->
     return total
 
 
-def probe_reference(result: dict, hardware: HardwareProfile) -> float:
+def probe_reference(result: ValidationResult, hardware: HardwareProfile) -> float:
     """Seconds the speed probe took when ``hardware`` was calibrated.
 
     The probe calibration recorded (``calibration.speed_probe``) when it was built for this
@@ -64,7 +65,7 @@ def at_speed(hardware: HardwareProfile, factor: float) -> HardwareProfile:
     )
 
 
-def import_schedule(name: str, measured: dict, microbatches: int) -> Schedule:
+def import_schedule(name: str, measured: PipelineRun, microbatches: int) -> Schedule:
     """torch's per-rank orders of one run, as a validated simtrain :class:`Schedule`.
 
     Raises:
@@ -110,7 +111,7 @@ def torch_runtime_costs(costs: StageCosts, vocab: int) -> StageCosts:
     return replace(costs, chunks=tuple(chunks))
 
 
-def predict(name: str, measured: dict, cfg: ValidationModel, hardware: HardwareProfile, world: int):
+def predict(name: str, measured: PipelineRun, cfg: ValidationModel, hardware: HardwareProfile, world: int):
     """Simulate torch's order of ``name`` with ``hardware``; returns the :class:`ScheduleRun`."""
     from ..scenario import run_schedule
 
@@ -120,7 +121,7 @@ def predict(name: str, measured: dict, cfg: ValidationModel, hardware: HardwareP
                         runtime=lambda costs: torch_runtime_costs(costs, cfg.vocab))
 
 
-def _self_sharing(name: str, measured: dict, cfg: ValidationModel, hardware: HardwareProfile, world: int,
+def _self_sharing(name: str, measured: PipelineRun, cfg: ValidationModel, hardware: HardwareProfile, world: int,
                   preemption: float) -> float:
     """How much longer the simulated actions take because ranks share processors (1 if they do not).
 
@@ -143,7 +144,7 @@ def _self_sharing(name: str, measured: dict, cfg: ValidationModel, hardware: Har
     return ratio
 
 
-def cpu_slowdown(name: str, measured: dict, cfg: ValidationModel, hardware: HardwareProfile, world: int,
+def cpu_slowdown(name: str, measured: PipelineRun, cfg: ValidationModel, hardware: HardwareProfile, world: int,
                  preemption: float) -> float:
     """How much slower than their CPU time one-thread CPU ranks ran a step's actions because other
     processes took their cores: the measured wall / CPU time ``preemption`` without the part the

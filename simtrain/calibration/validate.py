@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from ..errors import SimtrainError
 from ..hardware import HardwareProfile
+from .measurements import ValidationResult
 from .predict import at_speed, cpu_slowdown, predict, probe_reference
 from .workload import TORCH_SCHEDULES, ValidationModel
 
@@ -50,7 +51,7 @@ class Row:
     memory_error: float
 
 
-def compare(result: dict, hardware: HardwareProfile, correct_speed: bool = True) -> list[Row]:
+def compare(result: ValidationResult, hardware: HardwareProfile, correct_speed: bool = True) -> list[Row]:
     """Rows of measured against predicted step time and activation peak (max over ranks).
 
     Args:

@@ -8,7 +8,8 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simtrain.engine import TRACE_COLUMNS, TaskGraph, simulate
+from simtrain.engine import TaskGraph, simulate
+from simtrain.trace import TRACE_COLUMNS
 
 from engine_reference import simulate_reference
 

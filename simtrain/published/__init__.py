@@ -227,3 +227,15 @@ def summarise(rows: list[Row]) -> dict[str, float]:
     errors = [abs(r.error) for r in rows]
     return dict(median_abs_error=statistics.median(errors), max_abs_error=max(errors),
                 figures=len(rows), cases=len({r.case for r in rows}))
+
+
+def rows_table(rows: list[Row], title: str):
+    """A rich table of ``rows`` (case, figure, metric, published, predicted, error)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("case", "figure", "metric", "published", "predicted", "error"):
+        table.add_column(col, justify="right" if col in ("published", "predicted", "error") else "left")
+    for r in rows:
+        table.add_row(r.case, r.label, r.metric, f"{r.published:.4g}", f"{r.predicted:.4g}", f"{r.error:+.1%}")
+    return table

@@ -166,13 +166,19 @@ def parse_op_data(data: dict, source: str = "op_data.yaml") -> dict[str, dict]:
 
 
 @functools.lru_cache(maxsize=None)
+def _op_data(path: Path) -> dict:
+    """``op_data.yaml``, read and validated once per process."""
+    return parse_op_data(load_yaml_file(path), str(path))
+
+
+@functools.lru_cache(maxsize=None)
 def kernel_rates(kind: str, path: Path = OP_DATA) -> KernelRates:
     """The rates of GPU ``kind`` from ``op_data.yaml`` (cached).
 
     Raises:
         SimtrainError: as :func:`parse_op_data`, or ``kind`` is not in the file.
     """
-    data = parse_op_data(load_yaml_file(path), str(path))
+    data = _op_data(path)
     if kind not in data["kinds"]:
         raise SimtrainError(f"{path}: no kernel tables for GPU kind {kind!r}; kinds: {sorted(data['kinds'])}")
     spec = data["kinds"][kind]
@@ -201,7 +207,7 @@ def rates_for(hardware: HardwareProfile) -> KernelRates:
     Raises:
         SimtrainError: the profile's GPU kind has no tables (its name is not in ``profiles:``).
     """
-    data = load_yaml_file(OP_DATA)
+    data = _op_data(OP_DATA)
     kind = data["profiles"].get(hardware.name)
     if kind is None:
         raise SimtrainError(f"hardware {hardware.name!r}: the per-operator cost model has kernel tables for "
@@ -329,15 +335,16 @@ def _add(a: OpCost, b: OpCost) -> OpCost:
 
 
 def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has_head: bool,
-                    params: float) -> list[OpCost]:
+                    params: float, cache: dict[bool, list[OpCost]] | None = None) -> list[OpCost]:
     """The operators of one chunk for one microbatch, summed over its layers (one row per name),
     plus ``recompute`` (forward work rerun inside I) and ``grad_accum`` (W's gradient accumulation).
 
     The chunk's F, I and W seconds are the column sums of ``seconds``. Layers of one shape are
-    costed once (:func:`_layer_ops` is cached per dense/MoE kind).
+    costed once: :func:`_layer_ops` per dense/MoE kind, kept in ``cache`` (pass one dict for every
+    chunk of a model to share it).
     """
     m, e = ctx.model, ctx.elem
-    by_kind: dict[bool, list[OpCost]] = {}
+    by_kind = {} if cache is None else cache
     rows: dict[str, OpCost] = {}
     for layer in layers:
         kind = m.is_moe_layer(layer)
@@ -393,9 +400,9 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
     def apply(costs: StageCosts) -> StageCosts:
         if costs.fixed_op_times or model.moe is not None:
             return costs
-        chunks = []
+        chunks, cache = [], {}
         for c in costs.chunks:
-            ops = chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params)
+            ops = chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params, cache)
             f, i, w = (sum(o.seconds[p] for o in ops) for p in range(3))
             chunks.append(dataclasses.replace(c, forward_s=f, backward_input_s=i, backward_weight_s=w,
                                               full_backward_s=None))

@@ -49,6 +49,13 @@ from .parallel import ParallelConfig
 OP_DATA = Path(__file__).resolve().parent / "op_data.yaml"
 ATTENTION_CORE = ("attention", "attn_scores", "attn_context", "softmax", "attn_dropout")
 """Operators that selective recomputation reruns (Korthikanti et al. 2022 §5)."""
+LAYER_OPS = ("qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out", "router", "ffn_up", "ffn_down",
+             *ATTENTION_CORE, "norm", "residual", "dropout", "activation", "rotary")
+"""Names of a transformer layer's operators, as ``--recompute MODULE,...`` takes them."""
+ALIASES = {"attn_core": ATTENTION_CORE, "swiglu": ("activation",), "gelu": ("activation",),
+           "mla_up": ("q_up", "kv_up"), "mlp": ("ffn_up", "activation", "ffn_down"), "ffn": ("ffn_up", "activation", "ffn_down")}
+"""Group names accepted by ``--recompute`` (DeepSeek-V3 §3.2.3 recomputes ``norm,mla_up``)."""
+FULL = "*"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +232,8 @@ class _Ctx:
     rates: KernelRates
     attention: str
     hbm_bytes_per_s: float
+    recompute: frozenset[str] = frozenset()
+    gemm_dtype: str | None = None
 
     @property
     def tokens(self) -> int:
@@ -252,7 +261,7 @@ def _gemm(name: str, m: float, k: float, n: float, ctx: _Ctx) -> OpCost:
     """A linear layer ``Y[m,n] = X[m,k] W[k,n]``: F (m,n,k), I (m,k,n), W (k,n,m)."""
     flops = 2 * m * k * n
     nbytes = ctx.elem * (m * k + k * n + m * n)
-    dtype = ctx.parallel.dtype
+    dtype = ctx.gemm_dtype or ctx.parallel.dtype
     shapes = ((m, n, k), (m, k, n), (k, n, m))
     rates = [ctx.rates.gemm_flops_per_s(*sh, dtype) for sh in shapes]
     secs = tuple(_roofline(flops, nbytes, r, ctx.hbm_bytes_per_s) for r in rates)
@@ -279,8 +288,9 @@ def _attention(ctx: _Ctx) -> list[OpCost]:
         secs = (work / rate, 2 * work / (rate * ctx.rates.backward_ratio), 0.0)
         return [OpCost("attention", (counted, 2 * counted, 0.0), (0.0, 0.0, 0.0), secs, "compute")]
     ops = []
+    core = dataclasses.replace(ctx, gemm_dtype=None)  # attention stays in the compute dtype
     for name, (mm, nn, kk) in (("attn_scores", (s, s, dq)), ("attn_context", (s, dv, s))):
-        g = _gemm(name, mm, kk, nn, ctx).scaled(b * heads)
+        g = _gemm(name, mm, kk, nn, core).scaled(b * heads)
         # backward: two GEMMs of the forward's size (no weight gradient)
         ops.append(OpCost(name, (g.flops[0], 2 * g.flops[0], 0.0), (g.bytes[0], 2 * g.bytes[0], 0.0),
                           (g.seconds[0], g.seconds[0] + g.seconds[1], 0.0), g.bound))
@@ -358,11 +368,10 @@ def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has
         ops.append(_memory("embedding", 2 * e * h * ctx.row_tokens, 3 * e * h * ctx.row_tokens, ctx))
     if has_head:
         ops += _head_ops(ctx)
-    layer_f = sum(o.seconds[0] for o in ops if not o.name.startswith("head:") and o.name != "embedding")
-    core = sum(o.seconds[0] for o in ops if o.name in ATTENTION_CORE)
-    recompute = {"full": layer_f, "selective": core,
-                 "none": 0.0}[ctx.parallel.recompute]
-    ops.append(OpCost("recompute", (0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.0, recompute, 0.0), "compute"))
+    rerun = [o for o in ops if o.name in ctx.recompute or (FULL in ctx.recompute and o.name in rows)]
+    ops.append(OpCost("recompute", (0.0, sum(o.flops[0] for o in rerun), 0.0),
+                      (0.0, sum(o.bytes[0] for o in rerun), 0.0), (0.0, sum(o.seconds[0] for o in rerun), 0.0),
+                      "compute"))
     mb = ctx.parallel.microbatches
     weight_bytes = 2 if e == 2 else 4
     ops.append(_memory("grad_accum", 0.0, 0.0, ctx, w_bytes=(mb - 1) / mb * 3 * weight_bytes * params))
@@ -375,8 +384,29 @@ GRAD_NORM_CLIP_BYTES_PER_PARAM = 12
 (read and write it: 8) that Megatron-style trainers run before the optimizer step; memory-bound."""
 
 
+def parse_recompute(spec: str) -> frozenset[str]:
+    """Operators rerun inside I: ``none``, ``selective`` (the attention core), ``full`` (every
+    layer operator) or a comma-separated list of :data:`LAYER_OPS` names and :data:`ALIASES`.
+
+    Raises:
+        SimtrainError: an unknown module name (the message lists the allowed ones).
+    """
+    if spec in ("none", "selective", "full"):
+        return {"none": frozenset(), "selective": frozenset(ATTENTION_CORE), "full": frozenset({FULL})}[spec]
+    names = set()
+    for item in (x.strip() for x in spec.split(",")):
+        if item in ALIASES:
+            names.update(ALIASES[item])
+        elif item in LAYER_OPS:
+            names.add(item)
+        else:
+            raise SimtrainError(f"--recompute = {spec!r}: unknown module {item!r}; choose none, selective, full "
+                                f"or a comma-separated list of {', '.join(LAYER_OPS + tuple(ALIASES))}")
+    return frozenset(names)
+
+
 def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwareProfile,
-                attention: str = "flash"):
+                attention: str = "flash", recompute: str | None = None, fp8: str | None = None):
     """A ``runtime`` hook for :func:`simtrain.scenario.run_schedule` that replaces each chunk's F,
     I and W seconds by the per-operator sums of :func:`chunk_breakdown`, and adds the gradient
     norm and clipping to the optimizer step.
@@ -384,18 +414,36 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
     Args:
         model, parallel, hardware: what is simulated.
         attention: ``flash`` (a fused kernel) or ``unfused`` (materialised scores).
+        recompute: operators rerun inside I (:func:`parse_recompute`); None takes
+            ``parallel.recompute``. Only the time is per operator: stored activation memory
+            follows ``parallel.recompute`` (:mod:`simtrain.costs`).
+        fp8: ``gemms`` runs the linear layers' GEMMs at the GPU kind's FP8 rate while attention
+            and memory-bound kernels stay in ``parallel.dtype`` (DeepSeek-V3 §3.3); None: no FP8.
 
     Returns:
         A function StageCosts -> StageCosts. Costs given by ``--op-times`` and MoE models (whose
         chunks are cut into segments by :mod:`simtrain.moe`) pass through unchanged.
 
     Raises:
-        SimtrainError: ``attention`` is not flash/unfused, or the GPU kind has no kernel tables.
+        SimtrainError: ``attention`` is not flash/unfused, an unknown recompute module, ``fp8``
+            other than gemms, or a GPU kind without kernel tables (or without an FP8 GEMM table).
     """
     if attention not in ("flash", "unfused"):
         raise SimtrainError(f"attention = {attention!r}: choose flash or unfused")
+    if fp8 not in (None, "gemms"):
+        raise SimtrainError(f"--fp8 = {fp8!r}: the only choice is gemms (FP8 GEMMs, attention in {parallel.dtype})")
     rates = rates_for(hardware)
-    ctx = _Ctx(model, parallel, rates, attention, hardware.hbm_bandwidth_bytes_per_s * rates.hbm_efficiency)
+    if fp8 and "fp8" not in rates.gemm:
+        raise SimtrainError(f"--fp8 gemms: {hardware.name} ({rates.kind}) has no FP8 GEMM table; "
+                            f"it has {sorted(rates.gemm)}")
+    ctx = _Ctx(model, parallel, rates, attention, hardware.hbm_bandwidth_bytes_per_s * rates.hbm_efficiency,
+               parse_recompute(recompute or parallel.recompute), "fp8" if fp8 else None)
+    return _apply_with(ctx)
+
+
+def _apply_with(ctx: _Ctx):
+    """The StageCosts -> StageCosts function of :func:`ops_runtime` for one context."""
+    model, parallel = ctx.model, ctx.parallel
 
     def apply(costs: StageCosts) -> StageCosts:
         if costs.fixed_op_times or model.moe is not None:
@@ -411,7 +459,31 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
         return dataclasses.replace(costs, chunks=tuple(chunks),
                                    optimizer_s_per_param=costs.optimizer_s_per_param + extra / shard)
 
+    apply.ctx = ctx
     return apply
+
+
+def step_hfu(run, runtime) -> float:
+    """Hardware FLOPs utilisation of a simulated step: model FLOPs plus the FLOPs recomputation
+    reruns, per GPU-second, over the peak of the compute dtype (Korthikanti et al. 2022 §6: HFU
+    counts recomputation, MFU does not). Equals the step's MFU when nothing is recomputed.
+
+    Args:
+        run: a :class:`simtrain.scenario.ScheduleRun` simulated with ``runtime``.
+        runtime: the :func:`ops_runtime` hook it was simulated with.
+
+    Returns:
+        HFU in [0, 1].
+    """
+    ctx, costs, sched = runtime.ctx, run.costs, run.schedule
+    cache: dict = {}
+    redo = [next(o for o in chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params, cache)
+                 if o.name == "recompute").flops[1] for c in costs.chunks]
+    tp = ctx.parallel.tp
+    flops = sum((costs.chunks[sched.chunk_of(s)].model_flops + redo[sched.chunk_of(s)]) * tp
+                for mb in range(sched.num_microbatches) for s in sched.path(mb))
+    # same step, GPUs and peak as the MFU: HFU / MFU = hardware FLOPs / model FLOPs
+    return run.report.mfu * flops / (run.report.model_flops / ctx.parallel.dp)
 
 
 published_runtime = ops_runtime

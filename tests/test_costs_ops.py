@@ -8,7 +8,8 @@ import copy
 import numpy as np
 import pytest
 
-from simtrain.costs_ops import OP_DATA, _Ctx, chunk_breakdown, kernel_rates, ops_runtime, parse_op_data, rates_for
+from simtrain.costs_ops import (OP_DATA, _Ctx, chunk_breakdown, kernel_rates, ops_runtime, parse_op_data,
+                                parse_recompute, rates_for)
 from simtrain.errors import SimtrainError, load_yaml_file
 from simtrain.hardware import TFLOPS, load_profile
 from simtrain.models import load_model
@@ -39,7 +40,8 @@ def _ctx(model="llama3-8b", hw="h100-sxm", attention="flash", **par):
     m, h = load_model(model), load_profile(hw)
     p = ParallelConfig(**{"tp": 2, "pp": 2, "microbatches": 4, "seq_len": 2048, **par})
     r = rates_for(h)
-    return m, p, h, _Ctx(m, p, r, attention, h.hbm_bandwidth_bytes_per_s * r.hbm_efficiency)
+    return m, p, h, _Ctx(m, p, r, attention, h.hbm_bandwidth_bytes_per_s * r.hbm_efficiency,
+                         parse_recompute(p.recompute))
 
 
 @pytest.mark.parametrize("attention", ["flash", "unfused"])
@@ -107,3 +109,42 @@ def test_bad_kernel_tables_are_one_error_naming_the_field():
         kernel_rates("sm_90").gemm_flops_per_s(1024, 1024, 1024, "fp64")
     with pytest.raises(SimtrainError, match="attention"):
         ops_runtime(*_ctx()[:3], attention="naive")
+
+
+def test_recompute_by_module_reruns_exactly_those_operators():
+    m, p, h, ctx = _ctx(recompute="none")
+    base = {o.name: o for o in chunk_breakdown(ctx, (0,), False, False, 0.0)}
+    import dataclasses
+    mod = dataclasses.replace(ctx, recompute=parse_recompute("norm,swiglu"))
+    rec = next(o for o in chunk_breakdown(mod, (0,), False, False, 0.0) if o.name == "recompute")
+    assert rec.seconds[1] == pytest.approx(base["norm"].seconds[0] + base["activation"].seconds[0])
+    assert rec.flops[1] == 0.0  # memory-bound kernels: no FLOPs, so HFU = MFU here
+    assert parse_recompute("mla_up,attn_core") >= {"q_up", "kv_up", "softmax", "attention"}
+    with pytest.raises(SimtrainError, match="unknown module 'mlp_up'"):
+        parse_recompute("norm,mlp_up")
+
+
+def test_fp8_gemms_speed_up_linear_layers_only():
+    m, p, h, _ = _ctx()
+    bf16 = run_schedule("1f1b", m, h, p, runtime=ops_runtime(m, p, h))
+    fp8 = run_schedule("1f1b", m, h, p, runtime=ops_runtime(m, p, h, fp8="gemms"))
+    assert fp8.costs.chunks[0].forward_s < bf16.costs.chunks[0].forward_s
+    with pytest.raises(SimtrainError, match="no FP8 GEMM table"):
+        ma, pa, ha, _ = _ctx(hw="a100-sxm-80gb")
+        ops_runtime(ma, pa, ha, fp8="gemms")
+    with pytest.raises(SimtrainError, match="--fp8"):
+        ops_runtime(m, p, h, fp8="all")
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_hfu_counts_recomputation_and_equals_mfu_without_it(recompute):
+    from simtrain.costs_ops import step_hfu
+
+    m, p, h, _ = _ctx(recompute=recompute)
+    rt = ops_runtime(m, p, h)
+    run = run_schedule("1f1b", m, h, p, runtime=rt)
+    hfu = step_hfu(run, rt)
+    if recompute == "none":
+        assert hfu == pytest.approx(run.report.mfu)
+    else:  # the forward rerun: between 1 and 4/3 of the model FLOPs (the head is not rerun)
+        assert 1.2 * run.report.mfu < hfu < 4 / 3 * run.report.mfu

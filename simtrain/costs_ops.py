@@ -11,7 +11,8 @@ and the fp32 softmax cross-entropy) costs, in each pass, a roofline
   dimension; above the table's largest size the rate stays at that size's (saturated); below its
   smallest, a dimension ``d`` scales the rate by ``d / dims[0]`` (tile quantization: a tile of
   ``dims[0]`` rows does ``d`` rows of useful work; NVIDIA "Matrix Multiplication Background User's
-  Guide", tile quantization). F runs ``C[m,n] = X[m,k] W[k,n]``, I the input gradient
+  Guide", tile quantization). Batched GEMMs (the unfused attention's per-head products) take the
+  table's batch axis (1, 2, 4 GEMMs per call), clamped at its largest. F runs ``C[m,n] = X[m,k] W[k,n]``, I the input gradient
   ``dX[m,k] = dY[m,n] Wᵀ`` and W the weight gradient ``dW[k,n] = Xᵀ dY`` (shapes (m,k,n) and
   (k,n,m)).
 * Attention with a fused kernel (``flash``): the causal work (half the ``4 s d`` FLOPs per token
@@ -89,7 +90,8 @@ class KernelRates:
     Attributes:
         kind: GPU kind (``sm_90``, ``sm_80``, ...).
         dims: GEMM table sizes (ascending).
-        gemm: per dtype, the (m, n, k) table of achieved FLOP/s.
+        batches: GEMM table batch counts (ascending).
+        gemm: per dtype, the (batch, m, n, k) table of achieved FLOP/s.
         attention: (seq_len, causal forward FLOP/s) points, ascending; empty when unmeasured.
         backward_ratio: attention backward efficiency / forward efficiency.
         hbm_efficiency: achieved / datasheet HBM bandwidth of memory-bound kernels.
@@ -97,32 +99,35 @@ class KernelRates:
 
     kind: str
     dims: tuple[int, ...]
+    batches: tuple[int, ...]
     gemm: dict[str, np.ndarray]
     attention: tuple[tuple[int, float], ...]
     backward_ratio: float
     hbm_efficiency: float
 
-    def gemm_flops_per_s(self, m: float, n: float, k: float, dtype: str) -> float:
-        """Achieved FLOP/s of an (m, n, k) GEMM in ``dtype`` (see the module docstring)."""
+    def gemm_flops_per_s(self, m: float, n: float, k: float, dtype: str, batch: float = 1) -> float:
+        """Achieved FLOP/s of ``batch`` (m, n, k) GEMMs in one call in ``dtype``: multilinear in
+        log2 of (batch, m, n, k), clamped to the table, with the tile-quantization factor below
+        ``dims[0]`` (module docstring)."""
         table = self.gemm.get(dtype)
         if table is None:
             raise SimtrainError(f"op_data.yaml: GPU kind {self.kind} has no GEMM table for dtype {dtype}; "
                                 f"it has {sorted(self.gemm)}")
-        logs = np.log2(self.dims)
-        idx, weights, scale = [], [], 1.0
-        for d in (m, n, k):
-            if d < self.dims[0]:
-                scale *= d / self.dims[0]
-            x = float(np.clip(math.log2(max(d, 1.0)), logs[0], logs[-1]))
+        scale = math.prod(d / self.dims[0] for d in (m, n, k) if d < self.dims[0])
+        axes = [(self.batches, batch), (self.dims, m), (self.dims, n), (self.dims, k)]
+        idx, weights = [], []
+        for grid, value in axes:
+            logs = np.log2(grid)
+            x = float(np.clip(math.log2(max(value, 1.0)), logs[0], logs[-1]))
             i = min(int(np.searchsorted(logs, x, side="right")) - 1, len(logs) - 2)
             idx.append(i)
             weights.append((x - logs[i]) / (logs[i + 1] - logs[i]))
         rate = 0.0
-        for corner in range(8):
-            bits = [(corner >> a) & 1 for a in range(3)]
-            w = math.prod(weights[a] if bits[a] else 1 - weights[a] for a in range(3))
+        for corner in range(16):
+            bits = [(corner >> a) & 1 for a in range(4)]
+            w = math.prod(weights[a] if bits[a] else 1 - weights[a] for a in range(4))
             if w:
-                rate += w * table[idx[0] + bits[0], idx[1] + bits[1], idx[2] + bits[2]]
+                rate += w * table[tuple(i + bit for i, bit in zip(idx, bits))]
         return rate * scale
 
     def attention_flops_per_s(self, seq_len: int) -> float:
@@ -131,17 +136,17 @@ class KernelRates:
         return float(np.interp(math.log2(seq_len), xs, [r for _, r in self.attention]))
 
 
-def _check_table(kind: str, dtype: str, table: np.ndarray, n: int) -> None:
-    if table.shape != (n, n, n):
-        raise SimtrainError(f"op_data.yaml: kinds.{kind}.gemm.tflops.{dtype}: expected a {n}x{n}x{n} table, "
-                            f"got shape {table.shape}")
+def _check_table(kind: str, dtype: str, table: np.ndarray, shape: tuple[int, ...]) -> None:
+    if table.shape != shape:
+        raise SimtrainError(f"op_data.yaml: kinds.{kind}.gemm.tflops.{dtype}: expected a table of shape {shape} "
+                            f"(batches x dims x dims x dims), got {table.shape}")
     if not np.all(np.isfinite(table)) or np.any(table <= 0):
         raise SimtrainError(f"op_data.yaml: kinds.{kind}.gemm.tflops.{dtype}: every entry must be a positive "
                             f"TFLOP/s, got {float(table.min())}")
-    for axis in range(3):
+    for axis in range(4):
         if np.any(np.diff(table, axis=axis) < 0):
             raise SimtrainError(f"op_data.yaml: kinds.{kind}.gemm.tflops.{dtype}: rates must not fall as a "
-                                f"dimension grows (axis {'mnk'[axis]} is non-monotone)")
+                                f"dimension grows (axis {'bmnk'[axis]} is non-monotone)")
 
 
 def parse_op_data(data: dict, source: str = "op_data.yaml") -> dict[str, dict]:
@@ -152,17 +157,19 @@ def parse_op_data(data: dict, source: str = "op_data.yaml") -> dict[str, dict]:
             non-monotone entry, a borrow of an unknown kind or a dtype without a rate.
     """
     try:
-        dims, kinds, profiles = data["dims"], data["kinds"], data["profiles"]
+        dims, batches, kinds = data["dims"], data["batches"], data["kinds"]
+        data["profiles"]
     except (KeyError, TypeError):
-        raise SimtrainError(f"{source}: needs the sections 'dims', 'kinds' and 'profiles'") from None
-    if sorted(dims) != list(dims) or any(d <= 0 for d in dims):
-        raise SimtrainError(f"{source}: field 'dims' = {dims}: must be positive and ascending")
+        raise SimtrainError(f"{source}: needs the sections 'dims', 'batches', 'kinds' and 'profiles'") from None
+    for name, grid in (("dims", dims), ("batches", batches)):
+        if len(grid) < 2 or sorted(set(grid)) != list(grid) or any(d <= 0 for d in grid):
+            raise SimtrainError(f"{source}: field '{name}' = {grid}: must be two or more positive, ascending sizes")
     for kind, spec in kinds.items():
         gemm = spec.get("gemm", {})
         if "borrow" in gemm and gemm["borrow"] not in kinds:
             raise SimtrainError(f"{source}: kinds.{kind}.gemm.borrow = {gemm['borrow']!r}: not a kind")
         for dtype, table in gemm.get("tflops", {}).items():
-            _check_table(kind, dtype, np.asarray(table, dtype=float), len(dims))
+            _check_table(kind, dtype, np.asarray(table, dtype=float), (len(batches),) + (len(dims),) * 3)
         for dtype, rate in gemm.get("mamf_tflops", {}).items():
             if not (isinstance(rate, (int, float)) and rate > 0):
                 raise SimtrainError(f"{source}: kinds.{kind}.gemm.mamf_tflops.{dtype} = {rate!r}: must be > 0")
@@ -195,7 +202,7 @@ def kernel_rates(kind: str, path: Path = OP_DATA) -> KernelRates:
         tables = {}
         for d, r in gemm["mamf_tflops"].items():
             src = base.gemm.get(d, base.gemm.get("bf16"))
-            tables[d] = src / src.max() * r * TFLOPS
+            tables[d] = src / src[0].max() * r * TFLOPS  # MAMF is a single (b = 1) GEMM
     else:
         tables = {d: np.asarray(t, dtype=float) * TFLOPS for d, t in gemm["tflops"].items()}
     if "bf16" in tables:
@@ -204,7 +211,7 @@ def kernel_rates(kind: str, path: Path = OP_DATA) -> KernelRates:
     causal = data.get("causal_ratio", 1.0)
     points = tuple(sorted((p["seq_len"], p["forward_tflops"] * TFLOPS * (1.0 if p["causal"] else causal))
                           for p in att.get("points", [])))
-    return KernelRates(kind, tuple(data["dims"]), tables, points, att.get("backward_ratio", 1.0),
+    return KernelRates(kind, tuple(data["dims"]), tuple(data["batches"]), tables, points, att.get("backward_ratio", 1.0),
                        spec.get("hbm_efficiency", 1.0))
 
 
@@ -257,13 +264,14 @@ def _roofline(flops: float, nbytes: float, rate: float, bw: float) -> float:
     return max(flops / rate if flops else 0.0, nbytes / bw)
 
 
-def _gemm(name: str, m: float, k: float, n: float, ctx: _Ctx) -> OpCost:
-    """A linear layer ``Y[m,n] = X[m,k] W[k,n]``: F (m,n,k), I (m,k,n), W (k,n,m)."""
+def _gemm(name: str, m: float, k: float, n: float, ctx: _Ctx, batch: float = 1) -> OpCost:
+    """A linear layer ``Y[m,n] = X[m,k] W[k,n]``: F (m,n,k), I (m,k,n), W (k,n,m); ``batch`` such
+    GEMMs run as one batched call (rated per GEMM, the returned cost is one GEMM's)."""
     flops = 2 * m * k * n
     nbytes = ctx.elem * (m * k + k * n + m * n)
     dtype = ctx.gemm_dtype or ctx.parallel.dtype
     shapes = ((m, n, k), (m, k, n), (k, n, m))
-    rates = [ctx.rates.gemm_flops_per_s(*sh, dtype) for sh in shapes]
+    rates = [ctx.rates.gemm_flops_per_s(*sh, dtype, batch) for sh in shapes]
     secs = tuple(_roofline(flops, nbytes, r, ctx.hbm_bytes_per_s) for r in rates)
     bound = "compute" if flops / rates[0] >= nbytes / ctx.hbm_bytes_per_s else "memory"
     return OpCost(name, (flops,) * 3, (nbytes,) * 3, secs, bound)
@@ -290,7 +298,7 @@ def _attention(ctx: _Ctx) -> list[OpCost]:
     ops = []
     core = dataclasses.replace(ctx, gemm_dtype=None)  # attention stays in the compute dtype
     for name, (mm, nn, kk) in (("attn_scores", (s, s, dq)), ("attn_context", (s, dv, s))):
-        g = _gemm(name, mm, kk, nn, core).scaled(b * heads)
+        g = _gemm(name, mm, kk, nn, core, batch=b * heads).scaled(b * heads)
         # backward: two GEMMs of the forward's size (no weight gradient)
         ops.append(OpCost(name, (g.flops[0], 2 * g.flops[0], 0.0), (g.bytes[0], 2 * g.bytes[0], 0.0),
                           (g.seconds[0], g.seconds[0] + g.seconds[1], 0.0), g.bound))

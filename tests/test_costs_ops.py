@@ -20,17 +20,21 @@ from simtrain.scenario import run_schedule
 def test_gemm_rate_is_the_table_at_its_points_saturates_above_and_falls_below():
     r = kernel_rates("sm_90")
     table = load_yaml_file(OP_DATA)["kinds"]["sm_90"]["gemm"]["tflops"]["bf16"]
-    assert r.gemm_flops_per_s(4096, 4096, 4096, "bf16") == pytest.approx(table[4][4][4] * TFLOPS)
-    assert r.gemm_flops_per_s(1024, 2048, 512, "bf16") == pytest.approx(table[2][3][1] * TFLOPS)
-    assert r.gemm_flops_per_s(16384, 53248, 16384, "bf16") == pytest.approx(table[4][4][4] * TFLOPS)
+    one = table[0]
+    assert r.gemm_flops_per_s(4096, 4096, 4096, "bf16") == pytest.approx(one[4][4][4] * TFLOPS)
+    assert r.gemm_flops_per_s(1024, 2048, 512, "bf16") == pytest.approx(one[2][3][1] * TFLOPS)
+    assert r.gemm_flops_per_s(16384, 53248, 16384, "bf16") == pytest.approx(one[4][4][4] * TFLOPS)
     mid = r.gemm_flops_per_s(1448, 4096, 4096, "bf16")  # between m = 1024 and 2048
-    assert table[2][4][4] * TFLOPS <= mid <= table[3][4][4] * TFLOPS
-    assert r.gemm_flops_per_s(128, 4096, 4096, "bf16") == pytest.approx(table[0][4][4] * TFLOPS / 2)
+    assert one[2][4][4] * TFLOPS <= mid <= one[3][4][4] * TFLOPS
+    assert r.gemm_flops_per_s(128, 4096, 4096, "bf16") == pytest.approx(one[0][4][4] * TFLOPS / 2)
+    # a batched call: the table's b = 4 plane, and no further gain past it
+    assert r.gemm_flops_per_s(2048, 2048, 256, "bf16", batch=4) == pytest.approx(table[2][3][3][0] * TFLOPS)
+    assert r.gemm_flops_per_s(2048, 2048, 256, "bf16", batch=96) == pytest.approx(table[2][3][3][0] * TFLOPS)
 
 
 def test_a100_borrows_the_shape_curve_scaled_to_its_measured_maximum():
     a100 = kernel_rates("sm_80")
-    assert a100.gemm["bf16"].max() == pytest.approx(267.9 * TFLOPS)
+    assert a100.gemm["bf16"][0].max() == pytest.approx(267.9 * TFLOPS)
     h100 = kernel_rates("sm_90")
     ratio = a100.gemm["bf16"] / h100.gemm["bf16"]
     assert np.allclose(ratio, ratio.flat[0])
@@ -96,13 +100,15 @@ def _bad(mutate):
 
 def test_bad_kernel_tables_are_one_error_naming_the_field():
     def nonmono(d):
-        d["kinds"]["sm_90"]["gemm"]["tflops"]["bf16"][4][4][4] = 1.0
+        d["kinds"]["sm_90"]["gemm"]["tflops"]["bf16"][0][4][4][4] = 1.0
 
     def negative(d):
-        d["kinds"]["sm_90"]["gemm"]["tflops"]["bf16"][0][0][0] = -1.0
+        d["kinds"]["sm_90"]["gemm"]["tflops"]["bf16"][0][0][0][0] = -1.0
 
     assert "non-monotone" in _bad(nonmono) and "sm_90" in _bad(nonmono)
     assert "positive" in _bad(negative)
+    assert "shape" in _bad(lambda d: d["kinds"]["sm_90"]["gemm"]["tflops"]["bf16"].pop())
+    assert "batches" in _bad(lambda d: d.update(batches=[4, 1]))
     assert "borrow" in _bad(lambda d: d["kinds"]["sm_80"]["gemm"].update(borrow="sm_7x"))
     assert "mamf_tflops" in _bad(lambda d: d["kinds"]["sm_80"]["gemm"]["mamf_tflops"].update(bf16=0))
     with pytest.raises(SimtrainError, match="no GEMM table for dtype fp64"):

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .costs import StageCosts, _linear_layers, split_layers
+from .costs import StageCosts, _linear_layers
 from .errors import SimtrainError, load_yaml_file
 from .hardware import TFLOPS, HardwareProfile
 from .models import ModelSpec

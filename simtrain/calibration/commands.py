@@ -179,7 +179,7 @@ def _print_calibration(data: dict, path: Path) -> None:
 
 
 def validate(
-    profile: Annotated[str, typer.Option(help="calibrated profile (name or YAML file)")],
+    profile: Annotated[Optional[str], typer.Option(help="calibrated profile (name or YAML file)")] = None,
     schedules: Annotated[Optional[str], typer.Option(help="torch schedules, comma-separated (default: all seven)")] = None,
     world: Annotated[Optional[int], typer.Option(help="pipeline ranks (default: 2 on cpu, all GPUs)")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
@@ -190,11 +190,21 @@ def validate(
         "--no-speed-correction", help="predict at the profile's speed, ignoring how much the machine was slowed")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="stop the runs after this many seconds")] = 900,
+    published: Annotated[bool, typer.Option(
+        "--published", help="compare with the published real-cluster runs shipped in simtrain/published/runs.yaml")] = False,
+    cost_model: Annotated[str, typer.Option(
+        "--cost-model", help="with --published: shipped (the cost model of compare) or ops (per-operator)")] = "shipped",
 ) -> None:
-    """Train a small transformer with torch's pipeline schedules; compare with simtrain's prediction."""
+    """Train a small transformer with torch's pipeline schedules (or, with --published, take published
+    real-cluster runs); compare with simtrain's prediction."""
     from .validate import compare, parse_schedules
     from .workload import default_model
 
+    if published:
+        _validate_published(cost_model, as_json)
+        return
+    if profile is None:
+        raise SimtrainError("--profile is required (a calibrated profile), unless --published is given")
     hw = load_profile(profile)
     names = parse_schedules(schedules)
     if steps < 1 or warmup < 0:
@@ -233,3 +243,22 @@ def validate(
               f"over {len(rows)} schedule(s); activation-peak error: max |e| = "
               f"{max(abs(r.memory_error) for r in rows):.1%}")
 
+
+
+def _validate_published(cost_model: str, as_json: bool) -> None:
+    """``simtrain validate --published``: predict every figure of the published suite."""
+    from ..published import rows_table, run_suite, summarise
+
+    if cost_model not in ("shipped", "ops"):
+        raise SimtrainError(f"--cost-model = {cost_model!r}: choose shipped or ops")
+    runtime = None
+    if cost_model == "ops":
+        from ..costs_ops import published_runtime as runtime
+    rows = run_suite(runtime)
+    if as_json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+        return
+    out.print(rows_table(rows, f"simtrain ({cost_model} cost model) vs published real-cluster runs"))
+    s = summarise(rows)
+    out.print(f"median |error| = {s['median_abs_error']:.1%}, max |error| = {s['max_abs_error']:.1%} "
+              f"over {s['figures']} figures from {s['cases']} cases")

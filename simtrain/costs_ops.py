@@ -1,0 +1,498 @@
+"""Per-operator compute model: a stage's F, I and W seconds as sums of named operator terms.
+
+Each operator of a transformer layer (every linear layer's GEMM, the attention core, norms, the
+FFN activation, rotary/positional terms, residual adds, dropout, and on the last stage the LM head
+and the fp32 softmax cross-entropy) costs, in each pass, a roofline
+``max(FLOPs / rate(shape, dtype), bytes / (HBM bandwidth x hbm_efficiency))`` (Williams et al.
+2009, "Roofline"). The rates come from kernel-level measurements shipped in ``op_data.yaml``
+(each cited there), never from an end-to-end run:
+
+* GEMMs: the measured (m, n, k) table of the GPU kind, interpolated linearly in log2 of each
+  dimension; above the table's largest size the rate stays at that size's (saturated); below its
+  smallest, a dimension ``d`` scales the rate by ``d / dims[0]`` (tile quantization: a tile of
+  ``dims[0]`` rows does ``d`` rows of useful work; NVIDIA "Matrix Multiplication Background User's
+  Guide", tile quantization). Batched GEMMs (the unfused attention's per-head products) take the
+  table's batch axis (1, 2, 4 GEMMs per call), clamped at its largest. F runs ``C[m,n] = X[m,k] W[k,n]``, I the input gradient
+  ``dX[m,k] = dY[m,n] Wᵀ`` and W the weight gradient ``dW[k,n] = Xᵀ dY`` (shapes (m,k,n) and
+  (k,n,m)).
+* Attention with a fused kernel (``flash``): the causal work (half the ``4 s d`` FLOPs per token
+  and head that simtrain counts) at the measured FlashAttention forward rate for the sequence
+  length (log-interpolated, clamped), the backward at ``backward_ratio`` of it (2.5x the forward's
+  work, Dao 2023 §3.1). Without one (``unfused``, Megatron-LM 2021 / BLOOM): Q·Kᵀ and P·V as batched
+  GEMMs of the GEMM table, plus the materialised ``a s`` scores per token through the fused
+  scale-mask-softmax and the attention dropout (bytes at HBM rate).
+* Memory-bound kernels: each reads its inputs and writes its outputs once (bytes counted per
+  operator below). Without sequence parallelism every TP rank runs them on all tokens.
+
+Recomputation: ``full`` reruns every forward operator inside I; ``selective`` reruns the
+attention core (Korthikanti et al. 2022 §5). MoE layers (``ep > 1``) keep the shipped cost model.
+
+The model enters :func:`simtrain.scenario.run_schedule` as its ``runtime`` hook
+(:func:`ops_runtime`), replacing each chunk's ``forward_s``, ``backward_input_s`` and
+``backward_weight_s`` by the sums of :func:`chunk_breakdown`; layers of one shape are costed once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .costs import StageCosts, _linear_layers
+from .errors import SimtrainError, load_yaml_file
+from .hardware import TFLOPS, HardwareProfile
+from .models import ModelSpec
+from .parallel import ParallelConfig
+
+OP_DATA = Path(__file__).resolve().parent / "op_data.yaml"
+ATTENTION_CORE = ("attention", "attn_scores", "attn_context", "softmax", "attn_dropout")
+"""Operators that selective recomputation reruns (Korthikanti et al. 2022 §5)."""
+LAYER_OPS = ("qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out", "router", "ffn_up", "ffn_down",
+             *ATTENTION_CORE, "norm", "residual", "dropout", "activation", "rotary")
+"""Names of a transformer layer's operators, as ``--recompute MODULE,...`` takes them."""
+ALIASES = {"attn_core": ATTENTION_CORE, "swiglu": ("activation",), "gelu": ("activation",),
+           "mla_up": ("q_up", "kv_up"), "mlp": ("ffn_up", "activation", "ffn_down"), "ffn": ("ffn_up", "activation", "ffn_down")}
+"""Group names accepted by ``--recompute`` (DeepSeek-V3 §3.2.3 recomputes ``norm,mla_up``)."""
+FULL = "*"
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCost:
+    """One operator of one chunk for one microbatch on one GPU.
+
+    Attributes:
+        name: operator (``qkv``, ``attention``, ``norm``, ...), prefixed by ``head:`` on the head.
+        flops, bytes: per pass (F, I, W): FLOPs and HBM bytes, summed over the chunk's layers.
+        seconds: per pass, roofline seconds summed over the chunk's layers.
+        bound: ``compute`` or ``memory``: which side of the roofline its forward is on.
+    """
+
+    name: str
+    flops: tuple[float, float, float]
+    bytes: tuple[float, float, float]
+    seconds: tuple[float, float, float]
+    bound: str
+
+    def scaled(self, n: float) -> OpCost:
+        """This operator ``n`` times (n layers of one shape)."""
+        return OpCost(self.name, *(tuple(v * n for v in t) for t in (self.flops, self.bytes, self.seconds)),
+                      self.bound)
+
+
+# ----------------------------------------------------------------------------- kernel tables
+@dataclasses.dataclass(frozen=True)
+class KernelRates:
+    """Measured rates of one GPU kind, in SI units (FLOP/s, bytes/s).
+
+    Attributes:
+        kind: GPU kind (``sm_90``, ``sm_80``, ...).
+        dims: GEMM table sizes (ascending).
+        batches: GEMM table batch counts (ascending).
+        gemm: per dtype, the (batch, m, n, k) table of achieved FLOP/s.
+        attention: (seq_len, causal forward FLOP/s) points, ascending; empty when unmeasured.
+        backward_ratio: attention backward efficiency / forward efficiency.
+        hbm_efficiency: achieved / datasheet HBM bandwidth of memory-bound kernels.
+    """
+
+    kind: str
+    dims: tuple[int, ...]
+    batches: tuple[int, ...]
+    gemm: dict[str, np.ndarray]
+    attention: tuple[tuple[int, float], ...]
+    backward_ratio: float
+    hbm_efficiency: float
+
+    def gemm_flops_per_s(self, m: float, n: float, k: float, dtype: str, batch: float = 1) -> float:
+        """Achieved FLOP/s of ``batch`` (m, n, k) GEMMs in one call in ``dtype``: multilinear in
+        log2 of (batch, m, n, k), clamped to the table, with the tile-quantization factor below
+        ``dims[0]`` (module docstring)."""
+        table = self.gemm.get(dtype)
+        if table is None:
+            raise SimtrainError(f"op_data.yaml: GPU kind {self.kind} has no GEMM table for dtype {dtype}; "
+                                f"it has {sorted(self.gemm)}")
+        scale = math.prod(d / self.dims[0] for d in (m, n, k) if d < self.dims[0])
+        axes = [(self.batches, batch), (self.dims, m), (self.dims, n), (self.dims, k)]
+        idx, weights = [], []
+        for grid, value in axes:
+            logs = np.log2(grid)
+            x = float(np.clip(math.log2(max(value, 1.0)), logs[0], logs[-1]))
+            i = min(int(np.searchsorted(logs, x, side="right")) - 1, len(logs) - 2)
+            idx.append(i)
+            weights.append((x - logs[i]) / (logs[i + 1] - logs[i]))
+        rate = 0.0
+        for corner in range(16):
+            bits = [(corner >> a) & 1 for a in range(4)]
+            w = math.prod(weights[a] if bits[a] else 1 - weights[a] for a in range(4))
+            if w:
+                rate += w * table[tuple(i + bit for i, bit in zip(idx, bits))]
+        return rate * scale
+
+    def attention_flops_per_s(self, seq_len: int) -> float:
+        """Causal FlashAttention forward FLOP/s (causal count) at ``seq_len``, log-interpolated."""
+        xs = [math.log2(s) for s, _ in self.attention]
+        return float(np.interp(math.log2(seq_len), xs, [r for _, r in self.attention]))
+
+
+def _check_table(kind: str, dtype: str, table: np.ndarray, shape: tuple[int, ...]) -> None:
+    if table.shape != shape:
+        raise SimtrainError(f"op_data.yaml: kinds.{kind}.gemm.tflops.{dtype}: expected a table of shape {shape} "
+                            f"(batches x dims x dims x dims), got {table.shape}")
+    if not np.all(np.isfinite(table)) or np.any(table <= 0):
+        raise SimtrainError(f"op_data.yaml: kinds.{kind}.gemm.tflops.{dtype}: every entry must be a positive "
+                            f"TFLOP/s, got {float(table.min())}")
+    for axis in range(4):
+        if np.any(np.diff(table, axis=axis) < 0):
+            raise SimtrainError(f"op_data.yaml: kinds.{kind}.gemm.tflops.{dtype}: rates must not fall as a "
+                                f"dimension grows (axis {'bmnk'[axis]} is non-monotone)")
+
+
+def parse_op_data(data: dict, source: str = "op_data.yaml") -> dict[str, dict]:
+    """Validate the parsed ``op_data.yaml`` and return its kinds and profile map.
+
+    Raises:
+        SimtrainError: a missing section, a table of the wrong shape, a non-positive or
+            non-monotone entry, a borrow of an unknown kind or a dtype without a rate.
+    """
+    try:
+        dims, batches, kinds = data["dims"], data["batches"], data["kinds"]
+        data["profiles"]
+    except (KeyError, TypeError):
+        raise SimtrainError(f"{source}: needs the sections 'dims', 'batches', 'kinds' and 'profiles'") from None
+    for name, grid in (("dims", dims), ("batches", batches)):
+        if len(grid) < 2 or sorted(set(grid)) != list(grid) or any(d <= 0 for d in grid):
+            raise SimtrainError(f"{source}: field '{name}' = {grid}: must be two or more positive, ascending sizes")
+    for kind, spec in kinds.items():
+        gemm = spec.get("gemm", {})
+        if "borrow" in gemm and gemm["borrow"] not in kinds:
+            raise SimtrainError(f"{source}: kinds.{kind}.gemm.borrow = {gemm['borrow']!r}: not a kind")
+        for dtype, table in gemm.get("tflops", {}).items():
+            _check_table(kind, dtype, np.asarray(table, dtype=float), (len(batches),) + (len(dims),) * 3)
+        for dtype, rate in gemm.get("mamf_tflops", {}).items():
+            if not (isinstance(rate, (int, float)) and rate > 0):
+                raise SimtrainError(f"{source}: kinds.{kind}.gemm.mamf_tflops.{dtype} = {rate!r}: must be > 0")
+        points = spec.get("attention", {}).get("points", [])
+        if any(p["forward_tflops"] <= 0 or p["seq_len"] <= 0 for p in points):
+            raise SimtrainError(f"{source}: kinds.{kind}.attention.points: seq_len and forward_tflops must be > 0")
+    return data
+
+
+@functools.lru_cache(maxsize=None)
+def _op_data(path: Path) -> dict:
+    """``op_data.yaml``, read and validated once per process."""
+    return parse_op_data(load_yaml_file(path), str(path))
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_rates(kind: str, path: Path = OP_DATA) -> KernelRates:
+    """The rates of GPU ``kind`` from ``op_data.yaml`` (cached).
+
+    Raises:
+        SimtrainError: as :func:`parse_op_data`, or ``kind`` is not in the file.
+    """
+    data = _op_data(path)
+    if kind not in data["kinds"]:
+        raise SimtrainError(f"{path}: no kernel tables for GPU kind {kind!r}; kinds: {sorted(data['kinds'])}")
+    spec = data["kinds"][kind]
+    gemm = spec["gemm"]
+    if "borrow" in gemm:
+        base = kernel_rates(gemm["borrow"], path)
+        tables = {}
+        for d, r in gemm["mamf_tflops"].items():
+            src = base.gemm.get(d, base.gemm.get("bf16"))
+            tables[d] = src / src[0].max() * r * TFLOPS  # MAMF is a single (b = 1) GEMM
+    else:
+        tables = {d: np.asarray(t, dtype=float) * TFLOPS for d, t in gemm["tflops"].items()}
+    if "bf16" in tables:
+        tables.setdefault("fp16", tables["bf16"])
+    att = spec.get("attention", {})
+    causal = data.get("causal_ratio", 1.0)
+    points = tuple(sorted((p["seq_len"], p["forward_tflops"] * TFLOPS * (1.0 if p["causal"] else causal))
+                          for p in att.get("points", [])))
+    return KernelRates(kind, tuple(data["dims"]), tuple(data["batches"]), tables, points, att.get("backward_ratio", 1.0),
+                       spec.get("hbm_efficiency", 1.0))
+
+
+def rates_for(hardware: HardwareProfile) -> KernelRates:
+    """The kernel rates of ``hardware``'s GPU kind.
+
+    Raises:
+        SimtrainError: the profile's GPU kind has no tables (its name is not in ``profiles:``).
+    """
+    data = _op_data(OP_DATA)
+    kind = data["profiles"].get(hardware.name)
+    if kind is None:
+        raise SimtrainError(f"hardware {hardware.name!r}: the per-operator cost model has kernel tables for "
+                            f"{sorted(data['profiles'])} only")
+    return kernel_rates(kind)
+
+
+# ----------------------------------------------------------------------------- operators
+@dataclasses.dataclass(frozen=True)
+class _Ctx:
+    """What every operator of one chunk needs (SI units)."""
+
+    model: ModelSpec
+    parallel: ParallelConfig
+    rates: KernelRates
+    attention: str
+    hbm_bytes_per_s: float
+    recompute: frozenset[str] = frozenset()
+    gemm_dtype: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.parallel.microbatch_size * self.seq
+
+    @property
+    def seq(self) -> int:
+        return self.parallel.seq_len or self.model.seq_len
+
+    @property
+    def elem(self) -> int:
+        return self.parallel.dtype_bytes
+
+    @property
+    def row_tokens(self) -> float:
+        """Tokens a TP rank runs row-wise kernels (norms, adds, dropout) on: sharded under SP."""
+        return self.tokens / self.parallel.tp if self.parallel.sequence_parallel else self.tokens
+
+
+def _roofline(flops: float, nbytes: float, rate: float, bw: float) -> float:
+    return max(flops / rate if flops else 0.0, nbytes / bw)
+
+
+def _gemm(name: str, m: float, k: float, n: float, ctx: _Ctx, batch: float = 1) -> OpCost:
+    """A linear layer ``Y[m,n] = X[m,k] W[k,n]``: F (m,n,k), I (m,k,n), W (k,n,m); ``batch`` such
+    GEMMs run as one batched call (rated per GEMM, the returned cost is one GEMM's)."""
+    flops = 2 * m * k * n
+    nbytes = ctx.elem * (m * k + k * n + m * n)
+    dtype = ctx.gemm_dtype or ctx.parallel.dtype
+    shapes = ((m, n, k), (m, k, n), (k, n, m))
+    rates = [ctx.rates.gemm_flops_per_s(*sh, dtype, batch) for sh in shapes]
+    secs = tuple(_roofline(flops, nbytes, r, ctx.hbm_bytes_per_s) for r in rates)
+    bound = "compute" if flops / rates[0] >= nbytes / ctx.hbm_bytes_per_s else "memory"
+    return OpCost(name, (flops,) * 3, (nbytes,) * 3, secs, bound)
+
+
+def _memory(name: str, fwd_bytes: float, bwd_bytes: float, ctx: _Ctx, w_bytes: float = 0.0) -> OpCost:
+    """A memory-bound kernel moving ``fwd_bytes`` in F, ``bwd_bytes`` in I (and ``w_bytes`` in W)."""
+    bw = ctx.hbm_bytes_per_s
+    b = (fwd_bytes, bwd_bytes, w_bytes)
+    return OpCost(name, (0.0, 0.0, 0.0), b, tuple(x / bw for x in b), "memory")
+
+
+def _attention(ctx: _Ctx) -> list[OpCost]:
+    """The attention core of one layer: fused (FlashAttention) or unfused with materialised scores."""
+    m, s, b = ctx.model, ctx.seq, ctx.parallel.microbatch_size
+    heads = m.num_heads / ctx.parallel.tp
+    dq, dv = m.q_head_dim, m.v_head_dim
+    counted = ctx.tokens * heads * (2 * s * dq + 2 * s * dv)  # simtrain's F count (non-causal)
+    if ctx.attention == "flash" and ctx.rates.attention:
+        rate = ctx.rates.attention_flops_per_s(s)
+        work = counted / 2  # causal: half the score matrix
+        secs = (work / rate, 2 * work / (rate * ctx.rates.backward_ratio), 0.0)
+        return [OpCost("attention", (counted, 2 * counted, 0.0), (0.0, 0.0, 0.0), secs, "compute")]
+    ops = []
+    core = dataclasses.replace(ctx, gemm_dtype=None)  # attention stays in the compute dtype
+    for name, (mm, nn, kk) in (("attn_scores", (s, s, dq)), ("attn_context", (s, dv, s))):
+        g = _gemm(name, mm, kk, nn, core, batch=b * heads).scaled(b * heads)
+        # backward: two GEMMs of the forward's size (no weight gradient)
+        ops.append(OpCost(name, (g.flops[0], 2 * g.flops[0], 0.0), (g.bytes[0], 2 * g.bytes[0], 0.0),
+                          (g.seconds[0], g.seconds[0] + g.seconds[1], 0.0), g.bound))
+    scores = ctx.tokens * heads * s  # materialised score elements
+    e = ctx.elem
+    ops.append(_memory("softmax", 2 * e * scores, 3 * e * scores, ctx))  # fused scale-mask-softmax
+    if m.dropout:
+        ops.append(_memory("attn_dropout", (2 * e + 1) * scores, (2 * e + 1) * scores, ctx))
+    return ops
+
+
+def _layer_ops(ctx: _Ctx, layer: int) -> list[OpCost]:
+    """Every operator of transformer ``layer`` for one microbatch on one TP rank."""
+    m, tp, e = ctx.model, ctx.parallel.tp, ctx.elem
+    h = m.hidden_size
+    gemms = _linear_layers(m, layer)
+    names = (["q_down", "q_up", "kv_down", "kv_up", "attn_out"] if m.mla is not None else ["qkv", "attn_out"])
+    names += (["router"] if m.is_moe_layer(layer) else []) + ["ffn_up", "ffn_down"]
+    ops = []
+    for name, (k, n, mult) in zip(names, gemms):
+        k_, n_ = (k, n / tp) if k == h else (k / tp, n)
+        ops.append(_gemm(name, ctx.tokens * mult, k_, n_, ctx))
+    ops += _attention(ctx)
+    rows = ctx.row_tokens
+    ops.append(_memory("norm", 2 * 2 * e * h * rows, 2 * 3 * e * h * rows, ctx))
+    ops.append(_memory("residual", 2 * 3 * e * h * rows, 2 * 3 * e * h * rows, ctx))
+    if m.dropout:
+        ops.append(_memory("dropout", 2 * (2 * e + 1) * h * rows, 2 * (2 * e + 1) * h * rows, ctx))
+    width = ctx.tokens * (gemms[-1][0] / tp) * gemms[-1][2]  # FFN intermediate elements on this rank
+    f_b, i_b = (3, 5) if m.activation == "swiglu" else (2, 3)
+    ops.append(_memory("activation", f_b * e * width, i_b * e * width, ctx))
+    if not m.learned_positions:
+        rope = ctx.tokens * (m.num_heads + m.kv_heads) * m.q_head_dim / tp
+        ops.append(_memory("rotary", 2 * e * rope, 2 * e * rope, ctx))
+    return ops
+
+
+def _head_ops(ctx: _Ctx) -> list[OpCost]:
+    """Final norm, LM head GEMM and the fp32 softmax cross-entropy (Korthikanti et al. 2022 §4.3)."""
+    m, tp, e = ctx.model, ctx.parallel.tp, ctx.elem
+    h, v = m.hidden_size, m.vocab_size
+    rows = ctx.row_tokens
+    return [_memory("head:norm", 2 * e * h * rows, 3 * e * h * rows, ctx),
+            _gemm("head:lm_head", ctx.tokens, h, v / tp, ctx),
+            _memory("head:cross_entropy", 2 * 4 * v / tp * ctx.tokens, 3 * 4 * v / tp * ctx.tokens, ctx)]
+
+
+def _add(a: OpCost, b: OpCost) -> OpCost:
+    """Two terms of one operator summed (a's name and bound)."""
+    return OpCost(a.name, *(tuple(x + y for x, y in zip(getattr(a, f), getattr(b, f)))
+                            for f in ("flops", "bytes", "seconds")), a.bound)
+
+
+def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has_head: bool,
+                    params: float, cache: dict[bool, list[OpCost]] | None = None) -> list[OpCost]:
+    """The operators of one chunk for one microbatch, summed over its layers (one row per name),
+    plus ``recompute`` (forward work rerun inside I) and ``grad_accum`` (W's gradient accumulation).
+
+    The chunk's F, I and W seconds are the column sums of ``seconds``. Layers of one shape are
+    costed once: :func:`_layer_ops` per dense/MoE kind, kept in ``cache`` (pass one dict for every
+    chunk of a model to share it).
+    """
+    m, e = ctx.model, ctx.elem
+    by_kind = {} if cache is None else cache
+    rows: dict[str, OpCost] = {}
+    for layer in layers:
+        kind = m.is_moe_layer(layer)
+        if kind not in by_kind:
+            by_kind[kind] = _layer_ops(ctx, layer)
+        for op in by_kind[kind]:
+            rows[op.name] = _add(rows[op.name], op) if op.name in rows else op
+    ops = list(rows.values())
+    if has_embedding:
+        h = m.hidden_size
+        ops.append(_memory("embedding", 2 * e * h * ctx.row_tokens, 3 * e * h * ctx.row_tokens, ctx))
+    if has_head:
+        ops += _head_ops(ctx)
+    rerun = [o for o in ops if o.name in ctx.recompute or (FULL in ctx.recompute and o.name in rows)]
+    ops.append(OpCost("recompute", (0.0, sum(o.flops[0] for o in rerun), 0.0),
+                      (0.0, sum(o.bytes[0] for o in rerun), 0.0), (0.0, sum(o.seconds[0] for o in rerun), 0.0),
+                      "compute"))
+    mb = ctx.parallel.microbatches
+    weight_bytes = 2 if e == 2 else 4
+    ops.append(_memory("grad_accum", 0.0, 0.0, ctx, w_bytes=(mb - 1) / mb * 3 * weight_bytes * params))
+    return ops
+
+
+# ----------------------------------------------------------------------------- into the simulator
+GRAD_NORM_CLIP_BYTES_PER_PARAM = 12
+"""HBM bytes per parameter of the per-step gradient-norm (read the fp32 gradient: 4) and clipping
+(read and write it: 8) that Megatron-style trainers run before the optimizer step; memory-bound."""
+
+
+def parse_recompute(spec: str) -> frozenset[str]:
+    """Operators rerun inside I: ``none``, ``selective`` (the attention core), ``full`` (every
+    layer operator) or a comma-separated list of :data:`LAYER_OPS` names and :data:`ALIASES`.
+
+    Raises:
+        SimtrainError: an unknown module name (the message lists the allowed ones).
+    """
+    if spec in ("none", "selective", "full"):
+        return {"none": frozenset(), "selective": frozenset(ATTENTION_CORE), "full": frozenset({FULL})}[spec]
+    names = set()
+    for item in (x.strip() for x in spec.split(",")):
+        if item in ALIASES:
+            names.update(ALIASES[item])
+        elif item in LAYER_OPS:
+            names.add(item)
+        else:
+            raise SimtrainError(f"--recompute = {spec!r}: unknown module {item!r}; choose none, selective, full "
+                                f"or a comma-separated list of {', '.join(LAYER_OPS + tuple(ALIASES))}")
+    return frozenset(names)
+
+
+def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwareProfile,
+                attention: str = "flash", recompute: str | None = None, fp8: str | None = None):
+    """A ``runtime`` hook for :func:`simtrain.scenario.run_schedule` that replaces each chunk's F,
+    I and W seconds by the per-operator sums of :func:`chunk_breakdown`, and adds the gradient
+    norm and clipping to the optimizer step.
+
+    Args:
+        model, parallel, hardware: what is simulated.
+        attention: ``flash`` (a fused kernel) or ``unfused`` (materialised scores).
+        recompute: operators rerun inside I (:func:`parse_recompute`); None takes
+            ``parallel.recompute``. Only the time is per operator: stored activation memory
+            follows ``parallel.recompute`` (:mod:`simtrain.costs`).
+        fp8: ``gemms`` runs the linear layers' GEMMs at the GPU kind's FP8 rate while attention
+            and memory-bound kernels stay in ``parallel.dtype`` (DeepSeek-V3 §3.3); None: no FP8.
+
+    Returns:
+        A function StageCosts -> StageCosts. Costs given by ``--op-times`` and MoE models (whose
+        chunks are cut into segments by :mod:`simtrain.moe`) pass through unchanged.
+
+    Raises:
+        SimtrainError: ``attention`` is not flash/unfused, an unknown recompute module, ``fp8``
+            other than gemms, or a GPU kind without kernel tables (or without an FP8 GEMM table).
+    """
+    if attention not in ("flash", "unfused"):
+        raise SimtrainError(f"attention = {attention!r}: choose flash or unfused")
+    if fp8 not in (None, "gemms"):
+        raise SimtrainError(f"--fp8 = {fp8!r}: the only choice is gemms (FP8 GEMMs, attention in {parallel.dtype})")
+    rates = rates_for(hardware)
+    if fp8 and "fp8" not in rates.gemm:
+        raise SimtrainError(f"--fp8 gemms: {hardware.name} ({rates.kind}) has no FP8 GEMM table; "
+                            f"it has {sorted(rates.gemm)}")
+    ctx = _Ctx(model, parallel, rates, attention, hardware.hbm_bandwidth_bytes_per_s * rates.hbm_efficiency,
+               parse_recompute(recompute or parallel.recompute), "fp8" if fp8 else None)
+    return _apply_with(ctx)
+
+
+def _apply_with(ctx: _Ctx):
+    """The StageCosts -> StageCosts function of :func:`ops_runtime` for one context."""
+    model, parallel = ctx.model, ctx.parallel
+
+    def apply(costs: StageCosts) -> StageCosts:
+        if costs.fixed_op_times or model.moe is not None:
+            return costs
+        chunks, cache = [], {}
+        for c in costs.chunks:
+            ops = chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params, cache)
+            f, i, w = (sum(o.seconds[p] for o in ops) for p in range(3))
+            chunks.append(dataclasses.replace(c, forward_s=f, backward_input_s=i, backward_weight_s=w,
+                                              full_backward_s=None))
+        extra = GRAD_NORM_CLIP_BYTES_PER_PARAM / ctx.hbm_bytes_per_s
+        shard = parallel.dp if parallel.zero_stage >= 1 else 1
+        return dataclasses.replace(costs, chunks=tuple(chunks),
+                                   optimizer_s_per_param=costs.optimizer_s_per_param + extra / shard)
+
+    apply.ctx = ctx
+    return apply
+
+
+def step_hfu(run, runtime) -> float:
+    """Hardware FLOPs utilisation of a simulated step: model FLOPs plus the FLOPs recomputation
+    reruns, per GPU-second, over the peak of the compute dtype (Korthikanti et al. 2022 §6: HFU
+    counts recomputation, MFU does not). Equals the step's MFU when nothing is recomputed.
+
+    Args:
+        run: a :class:`simtrain.scenario.ScheduleRun` simulated with ``runtime``.
+        runtime: the :func:`ops_runtime` hook it was simulated with.
+
+    Returns:
+        HFU in [0, 1].
+    """
+    ctx, costs, sched = runtime.ctx, run.costs, run.schedule
+    cache: dict = {}
+    redo = [next(o for o in chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params, cache)
+                 if o.name == "recompute").flops[1] for c in costs.chunks]
+    tp = ctx.parallel.tp
+    flops = sum((costs.chunks[sched.chunk_of(s)].model_flops + redo[sched.chunk_of(s)]) * tp
+                for mb in range(sched.num_microbatches) for s in sched.path(mb))
+    # same step, GPUs and peak as the MFU: HFU / MFU = hardware FLOPs / model FLOPs
+    return run.report.mfu * flops / (run.report.model_flops / ctx.parallel.dp)
+
+
+published_runtime = ops_runtime
+"""The per-operator model as :func:`simtrain.published.run_suite` takes it."""

@@ -1,0 +1,241 @@
+"""The published-runs suite: real-cluster measurements that judge simtrain's predictions.
+
+``runs.yaml`` (shipped in this package) lists cases: a source, a model, a hardware profile, the
+settings simtrain simulates, the assumptions made where the source is silent, and one or more
+published figures with their metric. :func:`run_suite` simulates every figure and returns one
+:class:`Row` per figure (``error = predicted / published - 1``); :func:`summarise` gives the
+median and max ``|error|``. ``simtrain validate --published`` prints them.
+
+These runs are the judge, not the training data (``shared/reference/published_runs.md``): no
+cost-model factor may be fitted to them.
+
+Metric definitions (the FLOP counts the sources themselves use):
+
+* ``megatron_hw_tflops``: Narayanan et al. 2021 (arXiv:2104.04473) Eq. 3, hardware FLOPs of one
+  iteration with full recomputation, ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))``, per GPU-second.
+* ``hw_tflops_8pt``: BLOOM's log line, ``8 x parameters x tokens`` per GPU-second
+  (bigscience-workshop/bigscience ``math/README.md``, "Calculate TFLOPs": 4 passes x 2 FLOPs).
+* ``model_tflops``: simtrain's model FLOPs (no recomputation) per GPU-second.
+* ``tokens_per_s_per_gpu``, ``mfu``, ``step_time_s``: as in ``simtrain compare --json``.
+* ``peak_memory_gib``: the simulated peak HBM of pipeline rank ``rank``, in GiB.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from ..errors import NumbersNotBooleans, SimtrainError, load_yaml_file, validate_model
+from ..hardware import GB, GiB, TFLOPS, US, HardwareProfile, InterNodeLinkFile, load_profile
+from ..models import ModelSpec, load_model
+from ..parallel import ParallelConfig
+from ..scenario import ScheduleRun, run_schedule
+
+Metric = Literal["step_time_s", "megatron_hw_tflops", "hw_tflops_8pt", "model_tflops",
+                 "tokens_per_s_per_gpu", "mfu", "peak_memory_gib"]
+
+
+class _Strict(NumbersNotBooleans):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HardwareRef(_Strict):
+    """A shipped profile, optionally with its scale-out network replaced (e.g. Jean Zay's Omni-Path)."""
+
+    profile: str
+    inter_node: InterNodeLinkFile | None = None
+
+
+class FigureFile(_Strict):
+    """One published figure: its metric and value, and what differs from the case's settings."""
+
+    metric: Metric
+    value: float = Field(gt=0)
+    label: str = ""
+    note: str = ""
+    rank: int | None = Field(default=None, ge=0)
+    schedule: str | None = None
+    global_batch: int | None = Field(default=None, ge=1)
+    settings: dict[str, Any] = Field(default_factory=dict)
+    model: str | dict[str, Any] | None = None
+
+
+class CaseFile(_Strict):
+    """One published run (or family of runs) and its figures."""
+
+    name: str
+    source: str = Field(min_length=1)
+    model: str | dict[str, Any]
+    hardware: HardwareRef
+    attention: Literal["flash", "unfused"] = "flash"
+    schedule: str = "1f1b"
+    settings: dict[str, Any] = Field(default_factory=dict)
+    global_batch: int | None = Field(default=None, ge=1)
+    assumptions: list[str] = Field(default_factory=list)
+    figures: list[FigureFile] = Field(min_length=1)
+    params_for_tflops: float | None = Field(default=None, gt=0)
+
+
+class SuiteFile(_Strict):
+    """The schema of ``runs.yaml`` (YAML anchors at the top level are allowed and ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    cases: list[CaseFile] = Field(min_length=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One figure compared: ``error = predicted / published - 1`` (units of ``metric``)."""
+
+    case: str
+    label: str
+    metric: str
+    published: float
+    predicted: float
+    error: float
+
+
+Runtime = Callable[[ModelSpec, ParallelConfig, HardwareProfile, str], Callable | None]
+"""Builds the ``runtime`` cost adjustment of :func:`simtrain.scenario.run_schedule` for one figure
+from (model, parallel, hardware, attention kind); None keeps the shipped cost model."""
+
+
+def suite_path() -> Path:
+    """Path of the shipped ``runs.yaml``."""
+    return Path(str(resources.files(__package__).joinpath("runs.yaml")))
+
+
+def load_suite(path: Path | None = None) -> SuiteFile:
+    """Read and validate the suite.
+
+    Raises:
+        SimtrainError: a missing or malformed file, or a field out of range (naming it).
+    """
+    path = path or suite_path()
+    return validate_model(SuiteFile, load_yaml_file(path), str(path))
+
+
+def _model_of(case: CaseFile, fig: FigureFile, where: str) -> ModelSpec:
+    if isinstance(fig.model, str):
+        return load_model(fig.model)
+    if isinstance(case.model, str):
+        base = load_model(case.model).model_dump()
+    else:
+        base = dict(case.model)
+    if isinstance(fig.model, dict):
+        base.update(fig.model)
+        for key in ("published_total_params", "published_active_params"):
+            base.pop(key, None)
+    return validate_model(ModelSpec, base, f"{where}: model")
+
+
+def _hardware_of(ref: HardwareRef) -> HardwareProfile:
+    hw = load_profile(ref.profile)
+    if ref.inter_node is None:
+        return hw
+    link = ref.inter_node
+    inter = dataclasses.replace(
+        hw.inter_node, name=link.name, bandwidth_bytes_per_s=link.bandwidth_gb_per_s * GB,
+        latency_s=link.latency_us * US, peer_bandwidth_bytes_per_s=link.bandwidth_gb_per_s * GB,
+        nics_per_node=link.nics_per_node)
+    return dataclasses.replace(hw, inter_node=inter)
+
+
+def _parallel_of(case: CaseFile, fig: FigureFile, where: str) -> ParallelConfig:
+    parallel = validate_model(ParallelConfig, {**case.settings, **fig.settings}, f"{where}: settings")
+    expected = fig.global_batch or case.global_batch
+    batch = parallel.dp * parallel.microbatches * parallel.microbatch_size
+    if expected is not None and expected != batch:
+        raise SimtrainError(f"{where}: global batch {expected} != dp x microbatches x microbatch_size = {batch}")
+    return parallel
+
+
+def _predict(metric: str, run: ScheduleRun, model: ModelSpec, parallel: ParallelConfig, hw: HardwareProfile,
+             case: CaseFile, fig: FigureFile) -> float:
+    """The metric of ``fig`` from one simulated step (units as in the module docstring)."""
+    rep = run.report
+    step, gpus = rep.step_time_s, rep.gpus
+    s = parallel.seq_len or model.seq_len
+    batch = parallel.dp * parallel.microbatches * parallel.microbatch_size
+    if metric == "step_time_s":
+        return step
+    if metric == "megatron_hw_tflops":
+        h, l, v = model.hidden_size, model.num_layers, model.vocab_size
+        flops = 96 * batch * s * l * h**2 * (1 + s / (6 * h) + v / (16 * l * h))
+        return flops / (step * gpus) / TFLOPS
+    if metric == "hw_tflops_8pt":
+        params = case.params_for_tflops or model.total_params()
+        return 8 * params * batch * s / (step * gpus) / TFLOPS
+    if metric == "model_tflops":
+        return rep.model_flops / (step * gpus) / TFLOPS
+    if metric == "tokens_per_s_per_gpu":
+        return rep.tokens_per_s / gpus
+    if metric == "mfu":
+        return rep.mfu
+    return rep.peak_memory_bytes[fig.rank or 0] / GiB
+
+
+def run_suite(runtime: Runtime | None = None, path: Path | None = None,
+              cases: list[str] | None = None) -> list[Row]:
+    """Simulate every published figure of the suite.
+
+    Args:
+        runtime: builds a cost adjustment per figure (e.g. the per-operator model); None keeps
+            the shipped cost model.
+        path: a suite file other than the shipped one.
+        cases: only these case names (default all).
+
+    Returns:
+        One :class:`Row` per figure, in file order.
+
+    Raises:
+        SimtrainError: a malformed suite, an unknown case name, or a figure simtrain cannot
+            simulate (the message names the case and the figure).
+    """
+    suite = load_suite(path)
+    names = [c.name for c in suite.cases]
+    for name in cases or []:
+        if name not in names:
+            raise SimtrainError(f"--case {name!r}: not a case of the published suite; choose from {names}")
+    rows = []
+    for case in suite.cases:
+        if cases and case.name not in cases:
+            continue
+        hw = _hardware_of(case.hardware)
+        for i, fig in enumerate(case.figures):
+            where = f"published case {case.name} figure {i + 1} ({fig.label or fig.metric})"
+            model = _model_of(case, fig, where)
+            parallel = _parallel_of(case, fig, where)
+            adjust = runtime(model, parallel, hw, case.attention) if runtime else None
+            try:
+                run = run_schedule(fig.schedule or case.schedule, model, hw, parallel, runtime=adjust)
+            except SimtrainError as exc:
+                raise SimtrainError(f"{where}: {exc}") from None
+            predicted = _predict(fig.metric, run, model, parallel, hw, case, fig)
+            rows.append(Row(case.name, fig.label, fig.metric, fig.value, predicted, predicted / fig.value - 1))
+    return rows
+
+
+def summarise(rows: list[Row]) -> dict[str, float]:
+    """Median and max ``|error|`` over ``rows`` and how many cases and figures they cover."""
+    errors = [abs(r.error) for r in rows]
+    return dict(median_abs_error=statistics.median(errors), max_abs_error=max(errors),
+                figures=len(rows), cases=len({r.case for r in rows}))
+
+
+def rows_table(rows: list[Row], title: str):
+    """A rich table of ``rows`` (case, figure, metric, published, predicted, error)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("case", "figure", "metric", "published", "predicted", "error"):
+        table.add_column(col, justify="right" if col in ("published", "predicted", "error") else "left")
+    for r in rows:
+        table.add_row(r.case, r.label, r.metric, f"{r.published:.4g}", f"{r.predicted:.4g}", f"{r.error:+.1%}")
+    return table

@@ -1,0 +1,70 @@
+"""The published-runs suite: its data file validates, every figure is predicted, errors are
+predicted / published - 1, and `simtrain validate --published` prints them (JSON keys, bad input)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from simtrain.cli import app
+from simtrain.costs_ops import published_runtime
+from simtrain.errors import SimtrainError
+from simtrain.published import load_suite, run_suite, suite_path, summarise
+
+
+def test_the_suite_has_at_least_ten_figures_from_five_cases_with_sources():
+    suite = load_suite()
+    assert len(suite.cases) >= 5 and sum(len(c.figures) for c in suite.cases) >= 10
+    assert all(c.source and c.figures for c in suite.cases)
+    assert {"R1-megatron-175b", "R2-llama3-405b", "R3-torchtitan-llama3-8b-pp8"} <= {c.name for c in suite.cases}
+
+
+def test_rows_are_predicted_per_figure_with_the_relative_error():
+    rows = run_suite(cases=["R1-megatron-175b"])
+    assert [r.published for r in rows] == [153, 149, 141]
+    for r in rows:
+        assert r.predicted > 0 and r.error == pytest.approx(r.predicted / r.published - 1)
+    # more GPUs at a fixed global batch: fewer microbatches per pipeline, a larger bubble
+    assert rows[0].predicted > rows[1].predicted > rows[2].predicted
+    s = summarise(rows)
+    assert s["figures"] == 3 and s["cases"] == 1 and s["max_abs_error"] >= s["median_abs_error"]
+
+
+def test_the_per_operator_model_moves_the_prediction():
+    case = ["megatron-table1"]
+    shipped, ops = run_suite(cases=case), run_suite(published_runtime, cases=case)
+    assert all(o.predicted < s.predicted for o, s in zip(ops, shipped))  # memory-bound kernels cost time
+
+
+def test_a_bad_suite_file_or_case_name_is_one_error(tmp_path):
+    with pytest.raises(SimtrainError, match="not a case"):
+        run_suite(cases=["nope"])
+    data = yaml.safe_load(suite_path().read_text())
+    data["cases"][0]["figures"][0]["metric"] = "speed"
+    bad = tmp_path / "runs.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(SimtrainError, match="metric"):
+        load_suite(bad)
+    data = yaml.safe_load(suite_path().read_text())
+    data["cases"][0]["global_batch"] = 1000
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(SimtrainError, match="global batch 1000"):
+        run_suite(path=bad, cases=["R1-megatron-175b"])
+
+
+def test_validate_published_json_and_bad_flags(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    res = runner.invoke(app, ["validate", "--published", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert len(rows) >= 10
+    for r in rows:
+        assert {"case", "metric", "published", "predicted", "error"} <= set(r)
+    bad = runner.invoke(app, ["validate", "--published", "--cost-model", "magic"])
+    assert bad.exit_code == 2 and "error: --cost-model" in bad.output
+    missing = runner.invoke(app, ["validate"])
+    assert missing.exit_code == 2 and "error: --profile is required" in missing.output

@@ -53,7 +53,7 @@ from .errors import SimtrainError
 from .hardware import HardwareProfile
 from .models import ModelSpec
 from .moe import MoEChunkCost, check_expert_parallel, chunk_cost, gpu_layer_params, imbalance_extra_s
-from .network import Topology, ring_all_reduce_s, ring_reduce_scatter_s
+from .network import Collective
 from .parallel import ParallelConfig
 
 OPTIMIZER_BYTES_PER_PARAM = 28
@@ -72,7 +72,8 @@ class ChunkCost:
         has_embedding, has_head: whether it holds the input embedding / the LM head and loss.
         forward_s, backward_input_s, backward_weight_s: compute seconds of F, I and W
             (I includes recomputation when enabled); B = I + W.
-        tp_forward_s, tp_backward_s: tensor-parallel collective seconds inside F and inside I.
+        tp_forward, tp_backward: the tensor-parallel collectives F and I (or B) issue, declared,
+            not priced (:meth:`simtrain.network.Topology.seconds` prices them).
         forward_flops, backward_input_flops, backward_weight_flops: model FLOPs on this GPU
             (no recomputation), for MFU.
         activation_bytes: bytes stored by F and held until the backward.
@@ -93,8 +94,6 @@ class ChunkCost:
     forward_s: float
     backward_input_s: float
     backward_weight_s: float
-    tp_forward_s: float
-    tp_backward_s: float
     forward_flops: float
     backward_input_flops: float
     backward_weight_flops: float
@@ -105,6 +104,8 @@ class ChunkCost:
     expert_params: float = 0.0
     moe: MoEChunkCost | None = None
     full_backward_s: float | None = None
+    tp_forward: tuple[Collective, ...] = ()
+    tp_backward: tuple[Collective, ...] = ()
 
     @property
     def backward_s(self) -> float:
@@ -181,8 +182,8 @@ class StageCosts:
                 forward_s=forward_s,
                 backward_input_s=backward_input_s,
                 backward_weight_s=backward_weight_s,
-                tp_forward_s=0.0,
-                tp_backward_s=0.0,
+                tp_forward=(),
+                tp_backward=(),
                 moe=None,
                 full_backward_s=None,
             )
@@ -400,15 +401,10 @@ def stage_costs(
     accumulate = (parallel.microbatches - 1) / parallel.microbatches * 3 * weight_bytes
     attn_f_rate = hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=False)
     attn_b_rate = hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=True)
-    topo = Topology(hardware, parallel)
-    route = topo.tp_route()
     hidden_bytes = tokens * model.hidden_size * elem  # one full s*b*h tensor
-    if parallel.sequence_parallel:
-        tp_layer_s = 4 * ring_reduce_scatter_s(hidden_bytes, tp, route.link, route.bandwidth_bytes_per_s)
-        act_div = tp
-    else:
-        tp_layer_s = 2 * ring_all_reduce_s(hidden_bytes, tp, route.link, route.bandwidth_bytes_per_s)
-        act_div = 1
+    # per layer: 2 all-gathers + 2 reduce-scatters (as fast as each other) or 2 all-reduces
+    tp_op, tp_per_layer = ("reduce-scatter", 4) if parallel.sequence_parallel else ("all-reduce", 2)
+    act_div = tp if parallel.sequence_parallel else 1
 
     counts = split_layers(model.num_layers, num_chunks)
     chunks = []
@@ -467,7 +463,8 @@ def stage_costs(
         f_flops = gemm + attn
         i_flops = gemm + 2 * attn
         w_flops = gemm
-        tp_f = tp_layer_s * len(layers)
+        tp_f = Collective(tp_op, "tp", hidden_bytes, repeat=tp_per_layer * len(layers))
+        tp_b = replace(tp_f, repeat=tp_f.repeat * (2 if parallel.recompute == "full" else 1))
         head_flops = 2 * model.hidden_size * model.vocab_size / tp * tokens if has_head else 0.0
         moe = chunk_cost(model, parallel, hardware, layer_flops, head_flops)
         extra_f, extra_i, extra_w = imbalance_extra_s(moe, parallel.expert_imbalance)
@@ -480,8 +477,6 @@ def stage_costs(
                 forward_s=f_s * slow_f + extra_f,
                 backward_input_s=(i_s + recompute_s) * slow_i + extra_i,
                 backward_weight_s=w_s * slow_w + extra_w,
-                tp_forward_s=tp_f,
-                tp_backward_s=tp_f * (2 if parallel.recompute == "full" else 1),
                 forward_flops=f_flops,
                 backward_input_flops=i_flops,
                 backward_weight_flops=w_flops,
@@ -492,6 +487,8 @@ def stage_costs(
                 expert_params=expert_params,
                 moe=moe,
                 full_backward_s=(i_s + recompute_s + w_s) * slow_b if (slow_i, slow_w) != (slow_b, slow_b) else None,
+                tp_forward=(tp_f,) if tp > 1 and layers else (),
+                tp_backward=(tp_b,) if tp > 1 and layers else (),
             )
         )
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 from .costs import StageCosts
 from .engine import Task, TaskGraph
 from .ep_lowering import lower_moe_parts
-from .network import Topology, ring_all_gather_s, ring_all_reduce_s, ring_reduce_scatter_s
+from .network import Collective, Topology
 from .schedules.ir import Action, OverlapAction, Schedule
 
 
@@ -130,8 +130,8 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
                     after = [task.tid]
                     if a in grad_buckets:
                         add_bucket(a, i, task)
-                tp_s = {"F": c.tp_forward_s, "B": c.tp_backward_s, "I": c.tp_backward_s}.get(a.kind, 0.0)
-                if comm and tp_s > 0:
+                tp_s = _tp_s(c, a.kind, topology, rank) if comm else 0.0
+                if tp_s > 0:
                     task = graph.add(
                         name=f"tp {a}", rank=rank, category="comm", kind="tp", stream="tp",
                         duration_s=tp_s, deps=[task.tid], resources=tp_route.resources,
@@ -177,6 +177,12 @@ def _memory(a: Action, c, rank: int, forward_only: bool) -> tuple[list, list]:
     }[a.kind]
 
 
+def _tp_s(c, kind: str, topology: Topology, rank: int) -> float:
+    """Seconds of the TP collectives chunk ``c`` declares for an action of ``kind`` on ``rank``."""
+    declared = {"F": c.tp_forward, "B": c.tp_backward, "I": c.tp_backward}.get(kind, ())
+    return sum(topology.seconds(x, rank) for x in declared)
+
+
 def _task_at(tasks: list[Task], elapsed_s: float) -> Task:
     """The first of ``tasks`` by whose end ``elapsed_s`` of their summed duration has run."""
     run = 0.0
@@ -208,7 +214,7 @@ def _lower_moe_step(graph, parts, rank, after, chunk, topology, waves, first, la
         tasks[0].deps += after
         tasks[0].mem_start, tasks[-1].mem_end = _memory(a, c, rank, forward_only)
         first[a], end = tasks[0], tasks[-1]
-        tp_s = {"F": c.tp_forward_s, "B": c.tp_backward_s, "I": c.tp_backward_s}[a.kind]
+        tp_s = _tp_s(c, a.kind, topology, rank)
         if tp_s > 0:
             end = graph.add(
                 name=f"tp {a}", rank=rank, category="comm", kind="tp", stream="tp", duration_s=tp_s,
@@ -235,13 +241,12 @@ def _dp_bucket(
     pieces = parallel.dp_buckets
     dense = (c.params - c.expert_params) * costs.grad_bytes_per_param / pieces
     experts = c.expert_params * costs.grad_bytes_per_param / pieces
-    route = topology.gradient_route(rank, holders)
-    reduce = ring_reduce_scatter_s if parallel.zero_stage >= 1 else ring_all_reduce_s
-    seconds = reduce(dense, parallel.dp * len(holders), route.link, route.bandwidth_bytes_per_s)
+    op = "reduce-scatter" if parallel.zero_stage >= 1 else "all-reduce"
+    collective = Collective(op, "dp", dense)
+    route = topology.route(collective, rank, holders)
+    seconds = topology.seconds(collective, rank, holders)
     if experts > 0:
-        edp = topology.expert_dp_route(rank) if len(holders) == 1 else route
-        seconds += reduce(experts, parallel.dp * parallel.tp // parallel.ep * len(holders), edp.link,
-                          edp.bandwidth_bytes_per_s)
+        seconds += topology.seconds(Collective(op, "expert_dp", experts), rank, holders)
     return graph.add(
         name=f"dp grad stage {a.stage} bucket {i}", rank=rank, category="comm", kind="dp", stream="dp",
         deps=[after.tid], resources=route.resources, duration_s=seconds, stage=a.stage, nbytes=dense + experts,
@@ -275,7 +280,7 @@ def _lower_pair(graph, pair, rank, after, chunk, topology, comm, first, last) ->
     for a in (pair.forward, pair.backward):
         c = chunk[a.stage]
         seconds = {"F": c.forward_s, "B": c.backward_s, "I": c.backward_input_s}[a.kind]
-        tp_s = (c.tp_forward_s if a.kind == "F" else c.tp_backward_s) if comm else 0.0
+        tp_s = _tp_s(c, a.kind, topology, rank) if comm else 0.0
         mem = {"F": c.activation_bytes, "B": -c.activation_bytes, "I": c.weight_grad_bytes - c.activation_bytes}
         halves.append((a, max(1, len(c.layers)), seconds * hw.overlap_compute_factor, tp_s, mem[a.kind]))
     waits = {a: list(after) for a, *_ in halves}
@@ -331,12 +336,13 @@ def _add_pipeline_dependencies(schedule, graph, first, last, chunk, topology, co
         if src == dst or not comm:
             first[consumer].deps.append(done.tid)
             return
-        route = topology.p2p(src, dst)
+        collective = Collective("p2p", "pp", nbytes)
+        route = topology.route(collective, src, peer=dst)
         done.duration_s += topology.hardware.message_overhead_s  # posting the send
         first[consumer].duration_s += topology.hardware.message_overhead_s  # completing the receive
         send = graph.add(
             name=f"p2p {producer} -> {consumer}", rank=src, peer=dst, category="comm", kind="p2p",
-            duration_s=route.transfer_s(nbytes), deps=[done.tid], resources=route.resources,
+            duration_s=topology.seconds(collective, src, peer=dst), deps=[done.tid], resources=route.resources,
             stage=producer.stage, microbatch=producer.microbatch, nbytes=nbytes,
         )
         first[consumer].deps.append(send.tid)
@@ -374,14 +380,13 @@ def _add_optimizer(schedule, graph, costs, topology, held, dp_tasks, dp) -> None
             duration_s=duration, deps=deps,
         )
         if parallel.zero_stage >= 1 and dp > 1:
-            route = topology.dp_route(rank)
             experts = sum(costs.chunks[c].expert_params for c in held[rank]) * costs.grad_bytes_per_param
             dense = sum(costs.chunks[c].params for c in held[rank]) * costs.grad_bytes_per_param - experts
-            seconds = ring_all_gather_s(dense, dp, route.link, route.bandwidth_bytes_per_s)
+            gather = Collective("all-gather", "dp", dense)
+            route = topology.route(gather, rank)
+            seconds = topology.seconds(gather, rank)
             if experts > 0:
-                edp = topology.expert_dp_route(rank)
-                seconds += ring_all_gather_s(experts, dp * parallel.tp // parallel.ep, edp.link,
-                                             edp.bandwidth_bytes_per_s)
+                seconds += topology.seconds(Collective("all-gather", "expert_dp", experts), rank)
             graph.add(
                 name="dp param all-gather", rank=rank, category="comm", kind="dp", stream="dp",
                 duration_s=seconds, deps=[opt.tid], resources=route.resources, nbytes=dense + experts,

@@ -57,11 +57,15 @@ def tp_seconds(c: ChunkCost, kind: str, topology: Topology, rank: int) -> float:
 
 
 def tp_item(low: Lowering, a: Action, rank: int, share: int = 1, suffix: str = "") -> list[Item]:
-    """The TP collectives of ``a`` on ``rank`` (1/``share`` of them), or nothing when free."""
-    seconds = tp_seconds(low.chunk[a.stage], a.kind, low.topology, rank) if low.comm else 0.0
+    """The in-stage collectives of ``a`` on ``rank`` (1/``share`` of them) as one item on the
+    ``tp`` stream holding the ports of the first one's route, or nothing when free."""
+    c = low.chunk[a.stage]
+    seconds = tp_seconds(c, a.kind, low.topology, rank) if low.comm else 0.0
     if seconds <= 0:
         return []
-    return [TPComm(seconds / share if share > 1 else seconds, f"tp {a}{suffix}", low.topology.tp_route(rank).resources)]
+    declared = c.tp_forward if a.kind == "F" else c.tp_backward
+    resources = low.topology.route(declared[0], rank).resources
+    return [TPComm(seconds / share if share > 1 else seconds, f"tp {a}{suffix}", resources)]
 
 
 def plain_chain(low: Lowering, a: Action, rank: int, pieces: int) -> Chain:

@@ -73,3 +73,11 @@ def test_memory_returns_to_static_and_every_action_is_lowered_once():
         assert sum(b for _, b in deltas) == 0.0
     compute = sorted({t.name for t in graph.tasks if t.stream == "compute"})
     assert compute == ["0B0", "0F0", "1B0", "1F0"]
+
+
+def test_action_kinds_keep_the_torch_text_form():
+    from simtrain.schedules import ActionKind
+
+    a = parse_action("2I3")
+    assert a.kind == ActionKind.BACKWARD_INPUT and str(a) == "2I3"
+    assert [k.value for k in ActionKind] == ["F", "B", "I", "W"]

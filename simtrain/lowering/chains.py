@@ -59,12 +59,15 @@ def tp_seconds(c: ChunkCost, kind: str, topology: Topology, rank: int) -> float:
 def tp_item(low: Lowering, a: Action, rank: int, share: int = 1, suffix: str = "") -> list[Item]:
     """The in-stage collectives of ``a`` on ``rank`` (1/``share`` of them) as one item on the
     ``tp`` stream holding the ports of the first one's route, or nothing when free."""
-    c = low.chunk[a.stage]
-    seconds = tp_seconds(c, a.kind, low.topology, rank) if low.comm else 0.0
+    key = (a.stage, a.kind, rank)  # priced once per stage, kind and rank
+    if key not in low.tp_cache:
+        c = low.chunk[a.stage]
+        seconds = tp_seconds(c, a.kind, low.topology, rank) if low.comm else 0.0
+        declared = c.tp_forward if a.kind == "F" else c.tp_backward
+        low.tp_cache[key] = (seconds, low.topology.route(declared[0], rank).resources if seconds > 0 else ())
+    seconds, resources = low.tp_cache[key]
     if seconds <= 0:
         return []
-    declared = c.tp_forward if a.kind == "F" else c.tp_backward
-    resources = low.topology.route(declared[0], rank).resources
     return [TPComm(seconds / share if share > 1 else seconds, f"tp {a}{suffix}", resources)]
 
 

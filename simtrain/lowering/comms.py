@@ -36,6 +36,7 @@ def add_p2p(low: Lowering) -> None:
     profile's per-message overhead on both ends (like torch's ``_add_send_recv``, which inserts
     SEND/RECV actions between the compute actions of a schedule)."""
     schedule, topology, first, last = low.schedule, low.topology, low.first, low.last
+    priced: dict[tuple[int, int, float], tuple[float, tuple[str, ...]]] = {}  # (src, dst, bytes) -> s, ports
 
     def backward_of(stage: int, mb: int) -> Action:
         b = Action(stage, "B", mb)
@@ -47,13 +48,16 @@ def add_p2p(low: Lowering) -> None:
         if src == dst or not low.comm:
             first[consumer].deps.append(done.tid)
             return
-        collective = Collective("p2p", "pp", nbytes)
-        route = topology.route(collective, src, peer=dst)
+        if (src, dst, nbytes) not in priced:
+            collective = Collective("p2p", "pp", nbytes)
+            priced[src, dst, nbytes] = (topology.seconds(collective, src, peer=dst),
+                                        topology.route(collective, src, peer=dst).resources)
+        seconds, resources = priced[src, dst, nbytes]
         done.duration_s += topology.hardware.message_overhead_s  # posting the send
         first[consumer].duration_s += topology.hardware.message_overhead_s  # completing the receive
         send = low.graph.add(
             name=f"p2p {producer} -> {consumer}", rank=src, peer=dst, category="comm", kind="p2p",
-            duration_s=topology.seconds(collective, src, peer=dst), deps=[done.tid], resources=route.resources,
+            duration_s=seconds, deps=[done.tid], resources=resources,
             stage=producer.stage, microbatch=producer.microbatch, nbytes=nbytes,
         )
         first[consumer].deps.append(send.tid)

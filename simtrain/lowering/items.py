@@ -103,6 +103,7 @@ class Lowering:
         bucket_after: for each action that completes a stage's weight gradients, the task after
             which each of its gradient buckets is ready.
         dp_tasks: each rank's gradient-reduction tasks (its optimizer waits for them).
+        tp_cache: (stage, kind, rank) -> seconds and ports of the action's TP collectives.
     """
 
     schedule: Schedule
@@ -117,6 +118,7 @@ class Lowering:
     last: dict[Action, Task] = field(default_factory=dict)
     bucket_after: dict[Action, list[Task]] = field(default_factory=dict)
     dp_tasks: dict[int, list[Task]] = field(default_factory=dict)
+    tp_cache: dict[tuple, tuple[float, tuple[str, ...]]] = field(default_factory=dict)
 
     @property
     def training(self) -> bool:

@@ -52,32 +52,11 @@ from math import comb
 from .errors import SimtrainError
 from .hardware import HardwareProfile
 from .models import ModelSpec
-from .network import Topology
+from .network import A2APart, Collective, Topology
 from .parallel import DTYPE_BYTES, ParallelConfig
 
 DISPATCH_BYTES = {"bf16": 2, "fp8": 1}
 """Bytes per element of the dispatched activations."""
-
-
-@dataclass(frozen=True)
-class A2APart:
-    """The share of one all-to-all that one link class carries, for the simulated GPU.
-
-    Attributes:
-        link: ``"nvlink"`` or ``"nic"``.
-        nbytes: bytes the GPU sends over this link class (it receives as many, times the imbalance).
-        latency_s: one message latency of the link (paid once per all-to-all, or per wave).
-        transfer_s: seconds of the bytes at the achieved bandwidth (imbalance included).
-    """
-
-    link: str
-    nbytes: float
-    latency_s: float
-    transfer_s: float
-
-    def seconds(self, waves: int = 1) -> float:
-        """Duration of one of ``waves`` equal pieces: ``latency + transfer / waves``."""
-        return self.latency_s + self.transfer_s / waves
 
 
 @dataclass(frozen=True)
@@ -86,11 +65,14 @@ class A2ACost:
 
     Attributes:
         total_bytes: ``T x k x h x bytes per element``: every token-expert pair, local ones included.
-        parts: the link classes that carry bytes (NVLink and/or the NICs), run concurrently.
+        parts: the link classes that carry bytes (NVLink and/or the NICs), run concurrently,
+            as :meth:`simtrain.network.Topology.all_to_all` prices them.
+        collective: the declared all-to-all (None for hand-built costs).
     """
 
     total_bytes: float
     parts: tuple[A2APart, ...]
+    collective: Collective | None = None
 
     @property
     def seconds(self) -> float:
@@ -270,13 +252,12 @@ def a2a_cost(tokens: float, elem_bytes: int, model: ModelSpec, parallel: Paralle
     g, n = topo.ep_placement(0)
     k, h = model.moe.top_k, model.hidden_size
     copies = a2a_copies(k, parallel.ep, g, n, parallel.node_limit, model.moe.num_experts // parallel.ep)
-    parts = []
-    for route, link in zip(topo.a2a_routes(0), ("nvlink", "nic")):
-        nbytes = tokens * copies[link] * h * elem_bytes
-        if nbytes > 0:
-            bw = route.bandwidth_bytes_per_s * route.link.efficiency
-            parts.append(A2APart(link, nbytes, route.link.latency_s, nbytes * parallel.expert_imbalance / bw))
-    return A2ACost(total_bytes=tokens * k * h * elem_bytes, parts=tuple(parts))
+    collective = Collective(
+        "all-to-all", "ep", tokens * k * h * elem_bytes,
+        link_bytes=tuple((link, tokens * copies[link] * h * elem_bytes) for link in ("nvlink", "nic")),
+        imbalance=parallel.expert_imbalance,
+    )
+    return A2ACost(total_bytes=collective.nbytes, parts=topo.all_to_all(collective), collective=collective)
 
 
 def routed_params(model: ModelSpec, layer: int) -> int:

@@ -9,14 +9,23 @@ Collective times use the ring algorithm's alpha-beta cost (Thakur, Rabenseifner 
 "Optimization of Collective Communication Operations in MPICH", §2): for n ranks and a message
 of M bytes, reduce-scatter and all-gather take ``(n-1) * alpha + (n-1)/n * M / bw`` and an
 all-reduce (reduce-scatter + all-gather) twice that.
+
+Communication is data: a :class:`Collective` names the operation, the parallel dimension of its
+group and the bytes; :meth:`Topology.route` says which link it takes and which engine ports it
+holds, :meth:`Topology.seconds` how long it takes, and :meth:`Topology.all_to_all` how an EP
+all-to-all splits over NVLink and the NICs. Nothing else in simtrain prices communication.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from .hardware import HardwareProfile, Link
-from .parallel import ParallelConfig
+from .parallel import GroupDim, ParallelConfig
+
+CollectiveOp = Literal["all-reduce", "reduce-scatter", "all-gather", "all-to-all", "p2p"]
+"""The communication operations simtrain prices (nccl-tests names)."""
 
 
 def ring_reduce_scatter_s(nbytes: float, n: int, link: Link, bandwidth_bytes_per_s: float) -> float:
@@ -37,6 +46,54 @@ def ring_all_gather_s(nbytes: float, n: int, link: Link, bandwidth_bytes_per_s: 
 def ring_all_reduce_s(nbytes: float, n: int, link: Link, bandwidth_bytes_per_s: float) -> float:
     """Seconds for a ring all-reduce of an ``nbytes`` buffer over ``n`` ranks (RS + AG)."""
     return 2 * ring_reduce_scatter_s(nbytes, n, link, bandwidth_bytes_per_s)
+
+
+_RING = {"reduce-scatter": ring_reduce_scatter_s, "all-gather": ring_all_gather_s, "all-reduce": ring_all_reduce_s}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """What an action communicates: an operation over the group of one parallel dimension.
+
+    Attributes:
+        op: the operation.
+        dim: the parallel dimension of the group (``tp``, ``dp``, ``ep``, ``expert_dp``; ``pp`` for
+            p2p); the group itself follows from :meth:`simtrain.parallel.ParallelConfig.group`.
+        nbytes: bytes of the buffer (all-reduce / reduce-scatter input, all-gather output, the
+            message of a p2p, everything one GPU sends in an all-to-all, local copies included).
+        repeat: how many identical collectives back to back (e.g. 4 per layer x layers).
+        link_bytes: for an all-to-all, bytes the GPU sends per link class (``("nvlink", b)``,
+            ``("nic", b)``); the routing model of :mod:`simtrain.moe` decides them.
+        imbalance: for an all-to-all, what the most loaded GPU receives over the mean (>= 1).
+    """
+
+    op: CollectiveOp
+    dim: GroupDim | Literal["pp"]
+    nbytes: float
+    repeat: int = 1
+    link_bytes: tuple[tuple[str, float], ...] = ()
+    imbalance: float = 1.0
+
+
+@dataclass(frozen=True)
+class A2APart:
+    """The share of one all-to-all that one link class carries, for the simulated GPU.
+
+    Attributes:
+        link: ``"nvlink"`` or ``"nic"``.
+        nbytes: bytes the GPU sends over this link class (it receives as many, times the imbalance).
+        latency_s: one message latency of the link (paid once per all-to-all, or per wave).
+        transfer_s: seconds of the bytes at the achieved bandwidth (imbalance included).
+    """
+
+    link: str
+    nbytes: float
+    latency_s: float
+    transfer_s: float
+
+    def seconds(self, waves: int = 1) -> float:
+        """Duration of one of ``waves`` equal pieces: ``latency + transfer / waves``."""
+        return self.latency_s + self.transfer_s / waves
 
 
 def parse_port(name: str) -> tuple[str, int, str] | None:
@@ -102,32 +159,68 @@ class Topology:
             return Route(hw.intra_node, hw.intra_node.peer_bandwidth_bytes_per_s, self._ports("nvlink", src, dst))
         return Route(hw.inter_node, hw.nic_bandwidth_per_gpu_bytes_per_s, self._ports("nic", src, dst))
 
-    def group_route(self, pp_rank: int, stride: int, size: int) -> Route:
-        """Route used by a collective over ``size`` GPUs spaced ``stride`` apart in GPU ids.
-
-        NVLink when the whole group sits in one node, else the inter-node network (a ring is as
-        fast as its slowest hop). It occupies both directions of the rank's port.
-        """
-        first = self.parallel.gpu_id(pp_rank)
-        last = first + stride * (size - 1)
-        per_node = self.hardware.gpus_per_node
-        return self._collective_route(pp_rank, first // per_node == last // per_node)
-
     def gradient_route(self, pp_rank: int, holders: tuple[int, ...]) -> Route:
         """Route of the gradient reduction of a model chunk held by pipeline ranks ``holders`` (one
-        rank, or DualPipe's two copies), over all their DP replicas, seen from ``pp_rank``.
-
-        NVLink when all those GPUs sit in one node, else the inter-node network; it occupies both
-        directions of the rank's port. With ``holders == (pp_rank,)`` it is :meth:`dp_route`.
-        """
-        nodes = {self.node_of(h, d) for h in holders for d in range(self.parallel.dp)}
-        return self._collective_route(pp_rank, len(nodes) == 1)
+        rank, or DualPipe's two copies), over all their DP replicas, seen from ``pp_rank``."""
+        return self.route(Collective("all-reduce", "dp", 0.0), pp_rank, holders)
 
     def _collective_route(self, pp_rank: int, one_node: bool) -> Route:
         hw = self.hardware
         if one_node:
             return Route(hw.intra_node, hw.intra_node.bandwidth_bytes_per_s, self._ports("nvlink", pp_rank))
         return Route(hw.inter_node, hw.nic_bandwidth_per_gpu_bytes_per_s, self._ports("nic", pp_rank))
+
+    def route(self, c: Collective, pp_rank: int = 0, holders: tuple[int, ...] | None = None,
+              peer: int | None = None) -> Route:
+        """The route of collective ``c`` issued by ``pp_rank``'s simulated GPU.
+
+        Args:
+            c: the collective (not an all-to-all: see :meth:`all_to_all`).
+            pp_rank: the issuing pipeline rank (its ports are held).
+            holders: for ``dp`` / ``expert_dp`` gradient collectives, the pipeline ranks holding
+                the model chunk (see :meth:`simtrain.parallel.ParallelConfig.group`).
+            peer: for a p2p, the receiving pipeline rank.
+
+        Returns:
+            NVLink when the group sits in one node, else the inter-node network (a ring is as
+            fast as its slowest hop), holding both directions of the rank's port; a p2p holds
+            the sender's outgoing and the receiver's incoming port (see :meth:`p2p`).
+        """
+        if c.op == "p2p":
+            return self.p2p(pp_rank, peer)
+        lo, hi = self.parallel.group(c.dim, pp_rank, holders).span
+        per_node = self.hardware.gpus_per_node
+        return self._collective_route(pp_rank, lo // per_node == hi // per_node)
+
+    def seconds(self, c: Collective, pp_rank: int = 0, holders: tuple[int, ...] | None = None,
+                peer: int | None = None) -> float:
+        """Seconds of collective ``c`` (``repeat`` times) issued by ``pp_rank``: the ring cost of
+        the module docstring for all-reduce / reduce-scatter / all-gather, alpha-beta for a p2p,
+        the slower link class for an all-to-all (:meth:`all_to_all`). 0 for an empty buffer or a
+        group of one GPU.
+        """
+        if c.op == "all-to-all":
+            return max((p.seconds() for p in self.all_to_all(c)), default=0.0)
+        route = self.route(c, pp_rank, holders, peer)
+        if c.op == "p2p":
+            return route.transfer_s(c.nbytes)
+        n = self.parallel.group(c.dim, pp_rank, holders).size
+        return c.repeat * _RING[c.op](c.nbytes, n, route.link, route.bandwidth_bytes_per_s)
+
+    def all_to_all(self, c: Collective, pp_rank: int = 0) -> tuple[A2APart, ...]:
+        """The per-link-class parts of an EP all-to-all (hierarchical: NVLink and NICs at once,
+        each at the GPU's full NVLink bandwidth or its share of the node's NICs; see
+        :meth:`a2a_routes`). Each part takes ``latency + bytes x imbalance / (bandwidth x
+        efficiency)``; link classes without bytes are left out."""
+        nvlink, nic = self.a2a_routes(pp_rank)
+        routes = {"nvlink": nvlink, "nic": nic}
+        parts = []
+        for link, nbytes in c.link_bytes:
+            route = routes[link]
+            if nbytes > 0:
+                bw = route.bandwidth_bytes_per_s * route.link.efficiency
+                parts.append(A2APart(link, nbytes, route.link.latency_s, nbytes * c.imbalance / bw))
+        return tuple(parts)
 
     def processor_pools(self, num_ranks: int) -> tuple[dict[int, str], dict[str, float]]:
         """Which pipeline ranks share processors, for nodes running more ranks than processors.
@@ -163,19 +256,16 @@ class Topology:
 
     def tp_route(self, pp_rank: int = 0) -> Route:
         """Route of the tensor-parallel group of ``pp_rank`` (consecutive GPU ids)."""
-        return self.group_route(pp_rank, 1, self.parallel.tp)
+        return self.route(Collective("all-reduce", "tp", 0.0), pp_rank)
 
     def dp_route(self, pp_rank: int) -> Route:
-        """Route of the data-parallel group of ``pp_rank`` (GPU ids ``pp * tp`` apart, or ``tp``
-        apart when ``ep > 1``)."""
-        stride = self.parallel.gpu_id(pp_rank, 1) - self.parallel.gpu_id(pp_rank, 0)
-        return self.group_route(pp_rank, stride, self.parallel.dp)
+        """Route of the data-parallel group of ``pp_rank``."""
+        return self.route(Collective("all-reduce", "dp", 0.0), pp_rank)
 
     def expert_dp_route(self, pp_rank: int) -> Route:
-        """Route of the expert-data-parallel group of ``pp_rank``: the ``dp * tp / ep`` GPUs of the
-        stage that hold the same experts (GPU ids ``ep`` apart; Megatron-Core's expert-DP group)."""
-        p = self.parallel
-        return self.group_route(pp_rank, p.ep, p.dp * p.tp // p.ep)
+        """Route of the expert-data-parallel group of ``pp_rank`` (see
+        :attr:`simtrain.parallel.ParallelConfig.expert_dp`)."""
+        return self.route(Collective("all-reduce", "expert_dp", 0.0), pp_rank)
 
     def ep_placement(self, pp_rank: int) -> tuple[int, int]:
         """Where the EP group of ``pp_rank``'s representative GPU sits.

@@ -15,6 +15,7 @@ carved out of the data-parallel ranks) fills whole nodes, as in DeepSeek-V3's EP
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,6 +26,26 @@ from .hardware import Dtype
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 """Bytes per stored activation / parameter element in each compute dtype (FP8 training keeps
 activations and the parameter copy used by the kernels in 16-bit)."""
+
+
+GroupDim = Literal["tp", "dp", "ep", "expert_dp"]
+"""The parallel dimensions a collective can run over."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """A communication group of one parallel dimension, seen from one simulated GPU.
+
+    Attributes:
+        dim: the dimension (``tp``, ``dp``, ``ep``, ``expert_dp``).
+        size: GPUs taking part (n of the ring formulas).
+        span: lowest and highest GPU id whose placement decides the route (one node or not;
+            nodes hold consecutive GPU ids, so these two decide it).
+    """
+
+    dim: str
+    size: int
+    span: tuple[int, int]
 
 
 class ParallelConfig(NumbersNotBooleans):
@@ -96,3 +117,46 @@ class ParallelConfig(NumbersNotBooleans):
         if self.ep > 1:
             return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
         return (dp_rank * self.pp + pp_rank) * self.tp + tp_rank
+
+    @property
+    def expert_dp(self) -> int:
+        """GPUs of a stage holding the same routed experts: ``dp x tp / ep`` (Megatron-Core's
+        expert-data-parallel group; 1 when ``ep == dp x tp``)."""
+        return self.dp * self.tp // self.ep
+
+    @property
+    def dp_stride(self) -> int:
+        """GPU-id distance between two DP replicas of one GPU: ``pp x tp``, or ``tp`` when ``ep > 1``."""
+        return self.gpu_id(0, 1) - self.gpu_id(0, 0)
+
+    def group(self, dim: GroupDim, pp_rank: int, holders: tuple[int, ...] | None = None) -> Group:
+        """The communication group of dimension ``dim`` around ``pp_rank``'s simulated GPU.
+
+        Args:
+            dim: ``tp`` (consecutive GPUs), ``ep`` (``ep`` consecutive GPUs of the stage), ``dp``
+                (the DP replicas), ``expert_dp`` (the GPUs holding the same experts, ``ep`` apart).
+            pp_rank: pipeline rank of the simulated GPU.
+            holders: for ``dp`` / ``expert_dp``, the pipeline ranks holding the reduced model
+                chunk (DualPipe keeps two copies: the group is all their replicas); default
+                ``(pp_rank,)``.
+
+        Returns:
+            The :class:`Group`: its size and the lowest and highest GPU id whose placement decides
+            its route.
+
+        Raises:
+            ValueError: an unknown ``dim``.
+        """
+        holders = (pp_rank,) if holders is None else holders
+        first = self.gpu_id(pp_rank)
+        if dim == "tp":
+            return Group(dim, self.tp, (first, first + self.tp - 1))
+        if dim == "ep":
+            return Group(dim, self.ep, (first, first + self.ep - 1))
+        if dim not in ("dp", "expert_dp"):
+            raise ValueError(f"unknown group dimension {dim!r}")
+        if dim == "expert_dp" and len(holders) == 1:
+            return Group(dim, self.expert_dp, (first, first + self.ep * (self.expert_dp - 1)))
+        span = (min(self.gpu_id(h) for h in holders), max(self.gpu_id(h, self.dp - 1) for h in holders))
+        per_holder = self.dp if dim == "dp" else self.expert_dp
+        return Group(dim, per_holder * len(holders), span)

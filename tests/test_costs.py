@@ -9,6 +9,7 @@ from simtrain.costs import split_layers, stage_costs
 from simtrain.errors import SimtrainError
 from simtrain.hardware import load_profile
 from simtrain.models import load_model
+from simtrain.network import Topology
 from simtrain.parallel import ParallelConfig
 
 H100 = load_profile("h100-sxm")
@@ -72,12 +73,15 @@ def test_tensor_parallel_divides_compute_and_adds_collectives():
     one = stage_costs(model, ParallelConfig(tp=1), H100, 80).chunks[1]
     eight = stage_costs(model, ParallelConfig(tp=8), H100, 80).chunks[1]
     assert eight.forward_flops == pytest.approx(one.forward_flops / 8)
-    assert one.tp_forward_s == 0 and eight.tp_forward_s > 0
+    assert one.tp_forward == ()
+    (declared,) = eight.tp_forward
     # 4 ring reduce-scatters/all-gathers of s*b*h*2 bytes over 8 GPUs on NVLink per layer
     nbytes = 8192 * 8192 * 2
+    assert (declared.op, declared.dim, declared.nbytes, declared.repeat) == ("reduce-scatter", "tp", nbytes, 4)
     link = H100.intra_node
     per_op = 7 * link.latency_s + 7 / 8 * nbytes / (link.bandwidth_bytes_per_s * link.efficiency)
-    assert eight.tp_forward_s == pytest.approx(4 * per_op)
+    topo = Topology(H100, ParallelConfig(tp=8))
+    assert topo.seconds(declared) == pytest.approx(4 * per_op)
 
 
 def test_zero1_shards_optimizer_state():

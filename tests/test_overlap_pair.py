@@ -18,7 +18,7 @@ from simtrain.engine import simulate
 from simtrain.errors import SimtrainError
 from simtrain.hardware import PROFILE_DIR, load_profile
 from simtrain.lowering import lower
-from simtrain.network import Topology
+from simtrain.network import Collective, Topology
 from simtrain.parallel import ParallelConfig
 from simtrain.schedules.ir import Schedule, parse_action
 
@@ -36,13 +36,19 @@ def _simulate(factor: float = 1.0, sends: str = "per_half"):
     hw = dataclasses.replace(load_profile("h100-sxm"), overlap_compute_factor=factor, overlap_sends=sends)
     parallel = ParallelConfig(pp=2, microbatches=2)
     costs = stage_costs(tiny_model(layers=6), parallel, hw, 3)
+    # TP collectives of 1 s (F) and 2 s (B): a ring all-reduce over 2 GPUs of M bytes on a link
+    # of 1 B/s, no latency, takes 2 x 1/2 x M / 1 = M seconds.
+    hw = dataclasses.replace(hw, intra_node=dataclasses.replace(
+        hw.intra_node, latency_s=0.0, efficiency=1.0, bandwidth_bytes_per_s=1.0))
     chunks = tuple(
-        dataclasses.replace(c, forward_s=2.0, backward_input_s=3.0, backward_weight_s=1.0, tp_forward_s=1.0,
-                            tp_backward_s=2.0, p2p_bytes=0.0)
+        dataclasses.replace(c, forward_s=2.0, backward_input_s=3.0, backward_weight_s=1.0, p2p_bytes=0.0,
+                            tp_forward=(Collective("all-reduce", "tp", 1.0),),
+                            tp_backward=(Collective("all-reduce", "tp", 2.0),))
         for c in costs.chunks
     )
     costs = dataclasses.replace(costs, chunks=chunks, optimizer_s_per_param=0.0)
-    trace = simulate(lower(schedule, costs, Topology(hw, parallel))).trace
+    topology = Topology(hw, parallel.model_copy(update={"tp": 2}))
+    trace = simulate(lower(schedule, costs, topology)).trace
     return {row.name: (row.start_s, row.end_s) for row in trace.itertuples()}
 
 

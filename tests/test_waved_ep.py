@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from conftest import DATA
 from simtrain.engine import TaskGraph, simulate
-from simtrain.ep_lowering import Transfer, add_block, flow_shop_makespan
-from simtrain.moe import A2APart
+from simtrain.lowering.items import Transfer
+from simtrain.lowering.moe import add_block, flow_shop_makespan
+from simtrain.network import A2APart
 
 CASES = json.loads((DATA / "waved_ep_model.json").read_text())["cases"]
 WAVES = (1, 2, 3, 4, 8, 16, 64)

@@ -17,7 +17,7 @@ from .dualpipev import dualpipev
 from .gpipe import gpipe
 from .interleaved import interleaved_1f1b
 from .interleaved_zb import interleaved_zero_bubble
-from .ir import Action, OverlapAction, Schedule, ScheduleError, ScheduleWarning, parse_action
+from .ir import Action, ActionKind, OverlapAction, Schedule, ScheduleError, ScheduleWarning, parse_action
 from .looped_bfs import looped_bfs
 from .one_f_one_b import one_f_one_b
 from .zbv import zbv
@@ -107,6 +107,7 @@ def generate(name: str, pp: int, microbatches: int, vp: int = 1) -> Schedule:
 
 __all__ = [
     "Action",
+    "ActionKind",
     "OverlapAction",
     "REGISTRY",
     "Schedule",

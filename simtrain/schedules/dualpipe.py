@@ -38,7 +38,7 @@ With unit op-times (F = I = W = 1, B = 2, F&B = 3) and free communication, every
 time over the step equals the DualPipe README's bubble ``(PP/2-1)(F&B+B-3W)`` (PP = pp, the stages
 of one direction) when a pair's outputs leave at the end of the pair, as the README's figure draws
 it; when each half's output leaves as soon as that half is done (simtrain's default, see
-:mod:`simtrain.lowering`) it is up to one layer slice per bubble step shorter. Every rank holds at
+:mod:`simtrain.lowering.chains`) it is up to one layer slice per bubble step shorter. Every rank holds at
 most PP+1 activations (the README's "PP+1").
 """
 

@@ -16,11 +16,23 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Union
 
 from ..errors import SimtrainError
 
-KINDS = ("F", "B", "I", "W")
+class ActionKind(StrEnum):
+    """The compute kinds of an action, named as torch's ``_ComputationType``
+    (``torch/distributed/pipelining/schedules.py``); the value is the letter of the text form
+    (``0F1``, ``2I3``). Members are strings, so ``ActionKind.FORWARD == "F"``."""
+
+    FORWARD = "F"
+    FULL_BACKWARD = "B"
+    BACKWARD_INPUT = "I"
+    BACKWARD_WEIGHT = "W"
+
+
+KINDS = tuple(k.value for k in ActionKind)
 _ACTION_RE = re.compile(r"^(\d+)([FBIW])(\d+)$")
 _OVERLAP_RE = re.compile(r"^\((\d+[FBIW]\d+);(\d+[FBIW]\d+)\)OVERLAP_F_B$")
 
@@ -38,7 +50,8 @@ class ScheduleWarning(UserWarning):
 
 @dataclass(frozen=True, order=True)
 class Action:
-    """One compute action: ``stage`` (global index), ``kind`` in F/B/I/W, ``microbatch``."""
+    """One compute action: ``stage`` (global index), ``kind`` (an :class:`ActionKind` letter:
+    F, B, I or W), ``microbatch``."""
 
     stage: int
     kind: str

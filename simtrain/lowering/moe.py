@@ -1,12 +1,8 @@
 """Lowering of the actions of an MoE stage into sub-operations: attention, dispatch, experts, combine.
 
-:func:`lower_moe_parts` is the one entry point :mod:`simtrain.lowering` calls: given the one or two
-plain actions of a schedule step on an MoE stage (a plain F, B or I, or the two halves of an
-overlapped F&B pair), it adds their sub-tasks to the task graph and returns, per action, its first
-and last task and its compute tasks. Memory deltas, tensor-parallel collectives, data-parallel
-gradient buckets and the pipeline's p2p dependencies stay with :mod:`simtrain.lowering`.
-
-Each action becomes a chain of *items* (:func:`chain`) from the chunk's segments
+:func:`moe_items` gives the items of one action on an MoE stage for the chain emitter of
+:mod:`simtrain.lowering.chains` (which also adds memory deltas and TP collectives); :func:`add_block`
+adds one MoE block's tasks. Each action becomes a chain of *items* from the chunk's segments
 (:class:`simtrain.moe.Segment`): a compute item (attention, router, shared experts, dense layers,
 head) on the rank's ``compute`` stream, or an MoE block: an all-to-all to the experts, the local
 experts' compute, and an all-to-all back. Backward runs the chunk in reverse and each block mirrored
@@ -30,7 +26,7 @@ Overlap modes:
   backward's first item (its chunk's tail: the LM head's backward, or nothing) goes first, so its
   first all-to-all starts at once; the pair's compute then begins with the forward's attention and
   ends with the backward's attention, the layer-by-layer order of DeepSeek's published DualPipe
-  profile that :func:`simtrain.lowering._lower_pair` follows for pairs without MoE blocks.
+  profile that pairs without MoE blocks follow (:func:`simtrain.lowering.chains.pair_chains`).
   Pairing and waves compose.
 
 Bandwidth sharing: an all-to-all part holds both directions of the GPU's port of its link class
@@ -46,58 +42,13 @@ data-parallel traffic on the same ports. ``a2a_links = "separate"`` gives the wa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from .costs import ChunkCost
-from .engine import Task, TaskGraph
-from .moe import A2ACost, A2APart, MoEBlock
-from .network import Topology
-from .schedules.ir import Action
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """One link class's share of an all-to-all (``part``: its bytes and seconds) and the engine
-    ports it holds while it runs (``resources``)."""
-
-    part: A2APart
-    resources: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Compute:
-    """A compute item of a chain: ``seconds`` on the compute stream, named ``label``."""
-
-    seconds: float
-    label: str
-
-
-@dataclass(frozen=True)
-class Block:
-    """An MoE block of a chain: all-to-all ``to_experts``, ``expert_s`` of expert compute,
-    all-to-all ``back``; ``names`` label the two all-to-alls in the trace."""
-
-    layer: int
-    expert_s: float
-    to_experts: A2ACost
-    back: A2ACost
-    names: tuple[str, str]
-
-
-@dataclass
-class PartTasks:
-    """What :func:`lower_moe_parts` built for one plain action.
-
-    Attributes:
-        action: the action.
-        compute: its compute tasks in stream order (``compute[0]`` is where its dependencies on
-            other ranks attach; ``compute[-1]`` ends it).
-        comm: its all-to-all tasks.
-    """
-
-    action: Action
-    compute: list[Task] = field(default_factory=list)
-    comm: list[Task] = field(default_factory=list)
+from ..costs import ChunkCost
+from ..engine import Task, TaskGraph
+from ..moe import A2ACost, MoEBlock
+from ..network import Topology
+from ..schedules.ir import Action
+from .items import Block, Compute, Transfer
 
 
 def flow_shop_makespan(d: float, l: float, c: float, waves: int) -> float:
@@ -107,11 +58,20 @@ def flow_shop_makespan(d: float, l: float, c: float, waves: int) -> float:
     return (d + l + c) / waves + (waves - 1) / waves * max(d, l, c)
 
 
-def chain(action: Action, chunk: ChunkCost) -> list[Compute | Block]:
-    """The items of ``action`` (F, B or I) on ``chunk``, in execution order.
+def moe_items(action: Action, chunk: ChunkCost, factor: float = 1.0) -> list[Compute | Block]:
+    """The items of ``action`` (F, B or I) on ``chunk``, in execution order, every compute
+    duration times ``factor`` (the profile's slowdown of an F&B pair's compute, 1 for a plain
+    action). A chunk without MoE blocks (``chunk.moe`` None) is one compute item."""
+    return [_scaled(item, factor) for item in _items(action, chunk)]
 
-    A chunk without MoE blocks (``chunk.moe`` None) is one compute item.
-    """
+
+def _scaled(item: Compute | Block, factor: float) -> Compute | Block:
+    if isinstance(item, Compute):
+        return Compute(item.seconds * factor, item.label)
+    return Block(item.layer, item.expert_s * factor, item.to_experts, item.back, item.names)
+
+
+def _items(action: Action, chunk: ChunkCost) -> list[Compute | Block]:
     kind = action.kind
     if chunk.moe is None:
         seconds = {"F": chunk.forward_s, "B": chunk.backward_s, "I": chunk.backward_input_s}[kind]
@@ -210,71 +170,3 @@ def _transfer_task(graph, rank, t: Transfer, waves, deps, name, stage, microbatc
         name=f"{name} {t.part.link}", rank=rank, category="comm", kind="a2a", duration_s=t.part.seconds(waves),
         deps=deps, resources=t.resources, stage=stage, microbatch=microbatch, nbytes=t.part.nbytes / waves,
     )
-
-
-def lower_moe_parts(
-    graph: TaskGraph,
-    rank: int,
-    parts: Sequence[Action],
-    chunks: Sequence[ChunkCost],
-    topology: Topology,
-    waves: int = 1,
-    compute_factor: float = 1.0,
-) -> list[PartTasks]:
-    """Add the sub-tasks of one schedule step on ``rank`` (one plain action, or the two halves of
-    an overlapped F&B pair) to ``graph``.
-
-    Args:
-        graph: the graph to extend; compute tasks go to ``rank``'s ``compute`` stream in the order
-            added here, after whatever the stream already holds.
-        rank: pipeline rank.
-        parts: one or two plain actions of kind F, B or I (a pair: forward first).
-        chunks: the chunk cost of each part (a part on a chunk without MoE blocks is one compute
-            task; with ``chunk.moe`` it is cut into sub-operations).
-        topology: ports and placement (``parallel.a2a_links`` chooses shared or separate lanes).
-        waves: expert waves per MoE block (1 = serial).
-        compute_factor: multiplies every compute duration (the profile's slowdown of an F&B
-            pair's compute while both halves share the GPU; 1 for a plain action).
-
-    Returns:
-        One :class:`PartTasks` per part, in the order of ``parts``. Nothing here waits for the
-        previous step: the caller adds that dependency to each ``compute[0]``.
-    """
-    lane = "-combine" if topology.parallel.a2a_links == "separate" else ""
-    built = [PartTasks(a) for a in parts]
-    chains = [chain(a, c) for a, c in zip(parts, chunks)]
-    pending: list[list[int]] = [[] for _ in parts]  # what each part's next compute waits for
-    for idx, item in _interleave(chains):
-        pt = built[idx]
-        a = pt.action
-        if isinstance(item, Compute):
-            task = graph.add(
-                name=item.label, rank=rank, category="compute", kind=a.kind, duration_s=item.seconds * compute_factor,
-                deps=pending[idx], stream="compute", stage=a.stage, microbatch=a.microbatch,
-            )
-            pt.compute.append(task)
-            pending[idx] = []
-            continue
-        experts, sent, back = add_block(
-            graph, rank, waves=waves, after=[pt.compute[-1].tid], expert_s=item.expert_s * compute_factor,
-            to_experts=transfers(item.to_experts, topology, rank),
-            back=transfers(item.back, topology, rank, lane),
-            kind=a.kind, names=item.names, label=f"{a} L{item.layer}", stage=a.stage, microbatch=a.microbatch,
-        )
-        pt.compute += experts
-        pt.comm += sent + back
-        pending[idx] = [t.tid for t in back] or [experts[-1].tid]
-    return built
-
-
-def _interleave(chains: list[list[Compute | Block]]):
-    """Yield ``(part index, item)``: one chain in order, or two alternating, backward first."""
-    if len(chains) == 1:
-        yield from ((0, item) for item in chains[0])
-        return
-    fwd, bwd = chains
-    for i in range(max(len(fwd), len(bwd))):
-        if i < len(bwd):
-            yield 1, bwd[i]
-        if i < len(fwd):
-            yield 0, fwd[i]

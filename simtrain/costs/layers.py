@@ -1,0 +1,148 @@
+"""Per-token FLOPs, bytes and GEMM seconds of one transformer layer's operators on one GPU of a
+TP group (formulas and sources: :mod:`simtrain.costs`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware import HardwareProfile
+from ..models import ModelSpec
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """Per-token quantities of one layer on one GPU (already divided by tp)."""
+
+    gemm_flops: float  # 2*K*N summed over linear layers, per token
+    attn_flops: float  # attention-score FLOPs per token in F
+    act_bytes: float  # stored activation bytes per token (recompute = none / selective)
+    score_bytes: float  # attention-score bytes per token (dropped by selective recomputation)
+    w_bytes: float  # bytes per token that W needs after I
+    input_bytes: float  # layer input bytes per token (what full recomputation stores)
+    ew_forward: dict[str, float]  # bytes per token memory-bound kernels move in F, per class
+    ew_backward: dict[str, float]  # ... and in I (W runs GEMMs only)
+
+
+def linear_layers(model: ModelSpec, layer: int) -> list[tuple[int, int, float]]:
+    """(fan_in, fan_out, tokens-multiplicity) of every linear layer a token passes in ``layer``."""
+    h = model.hidden_size
+    a = model.num_heads
+    if model.mla is not None:
+        m = model.mla
+        gemms = [
+            (h, m.q_lora_rank, 1.0),
+            (m.q_lora_rank, a * (m.qk_nope_head_dim + m.qk_rope_head_dim), 1.0),
+            (h, m.kv_lora_rank + m.qk_rope_head_dim, 1.0),
+            (m.kv_lora_rank, a * (m.qk_nope_head_dim + m.v_head_dim), 1.0),
+            (a * m.v_head_dim, h, 1.0),
+        ]
+    else:
+        qkv = a * model.q_head_dim + model.kv_heads * (model.q_head_dim + model.v_head_dim)
+        gemms = [(h, qkv, 1.0), (a * model.v_head_dim, h, 1.0)]
+
+    def ffn(width: int, mult: float) -> list[tuple[int, int, float]]:
+        if model.activation == "swiglu":
+            return [(h, 2 * width, mult), (width, h, mult)]
+        return [(h, width, mult), (width, h, mult)]
+
+    if model.is_moe_layer(layer):
+        moe = model.moe
+        gemms.append((h, moe.num_experts, 1.0))  # router
+        gemms += ffn(moe.expert_ffn_hidden_size, float(moe.top_k + moe.num_shared_experts))
+    else:
+        gemms += ffn(model.ffn_hidden_size, 1.0)
+    return gemms
+
+
+def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int) -> LayerShape:
+    """Per-token FLOPs and bytes of ``layer`` on one of ``tp`` GPUs; ``elem`` = bytes/element."""
+    h, a, s = model.hidden_size, model.num_heads, seq_len
+    gemms = linear_layers(model, layer)
+    gemm_flops = sum(2 * k * n * mult for k, n, mult in gemms)
+    attn_flops = 2 * s * a * model.q_head_dim + 2 * s * a * model.v_head_dim
+    mask = 1 if model.dropout else 0  # dropout masks: 1 byte per element
+
+    # Stored activations, Korthikanti et al. 2022 §4.1, element by element.
+    norms = 2 * h * elem
+    if model.mla is not None:
+        m = model.mla
+        attn = elem * (
+            h  # input of the q/kv down-projections
+            + 2 * m.q_lora_rank  # q latent before and after its norm
+            + 2 * m.kv_lora_rank + m.qk_rope_head_dim  # kv latent before/after its norm, rope key
+            + 2 * a * model.q_head_dim  # Q and K
+            + 2 * a * model.v_head_dim  # V and the output-projection input
+        )
+    else:
+        attn = elem * (
+            h  # QKV input
+            + a * model.q_head_dim  # Q
+            + model.kv_heads * (model.q_head_dim + model.v_head_dim)  # K, V
+            + a * model.v_head_dim  # output-projection input
+        )
+    attn += mask * h
+    # softmax output (+ dropout mask and dropout output when training with dropout)
+    scores = a * s * (2 * elem + 1 if model.dropout else elem)
+    if model.is_moe_layer(layer):
+        moe = model.moe
+        f = moe.expert_ffn_hidden_size
+        per_expert = (h + (3 * f if model.activation == "swiglu" else 2 * f)) * elem
+        ffn = h * elem + (moe.top_k + moe.num_shared_experts) * per_expert + moe.top_k * h * elem
+    else:
+        f = model.ffn_hidden_size
+        ffn = elem * (h + (3 * f if model.activation == "swiglu" else 2 * f))
+    ffn += mask * h
+    # What W needs after I: every linear layer's input and the gradient of its output.
+    w_bytes = sum((k + n) * mult for k, n, mult in gemms) * elem
+    # Memory-bound kernels (each reads its inputs and writes its output once), per class: two
+    # norms (F: x -> y; backward: x, dy -> dx), the FFN activation (GeLU F: 1 + 1, backward:
+    # 2 + 1; SwiGLU F: 2 + 1, backward: 3 + 2) over every token's expert widths, and two residual
+    # adds (F: 2 reads, 1 write; backward: the two gradient branches summed).
+    width = _ffn_width(model, layer)
+    act_f, act_b = (3 * width, 5 * width) if model.activation == "swiglu" else (2 * width, 3 * width)
+    return LayerShape(
+        gemm_flops=gemm_flops / tp,
+        attn_flops=attn_flops / tp,
+        act_bytes=(norms + attn + ffn) / tp,
+        score_bytes=scores / tp,
+        w_bytes=w_bytes / tp,
+        input_bytes=h * elem / tp,
+        ew_forward=dict(norm=4 * h * elem / tp, activation=act_f * elem / tp, add=6 * h * elem / tp),
+        ew_backward=dict(norm=6 * h * elem / tp, activation=act_b * elem / tp, add=6 * h * elem / tp),
+    )
+
+
+def elementwise_s(bytes_by_class: dict[str, float], hardware: HardwareProfile) -> float:
+    """Seconds of memory-bound kernels moving ``bytes_by_class`` (0 for classes the profile lacks)."""
+    rates = hardware.elementwise_bytes_per_s
+    return sum(n / rates[k] for k, n in bytes_by_class.items() if k in rates)
+
+
+def _ffn_width(model: ModelSpec, layer: int) -> float:
+    """FFN intermediate elements one token passes through in ``layer`` (all its experts)."""
+    if model.is_moe_layer(layer):
+        moe = model.moe
+        return moe.expert_ffn_hidden_size * (moe.top_k + moe.num_shared_experts)
+    return model.ffn_hidden_size
+
+
+def gemm_seconds(
+    gemms: list[tuple[int, int, float]], rows: float, tp: int, h: int, hardware: HardwareProfile, dtype: str
+) -> tuple[float, float, float]:
+    """Seconds of F, I and W of ``gemms`` (fan_in, fan_out, multiplicity) over ``rows`` tokens.
+
+    Each linear layer ``Y = X Wᵀ`` of ``m`` tokens costs ``2·m·fan_in·fan_out`` FLOPs in each of
+    F, I (``dX = dY W``) and W (``dW = dYᵀ X``), each at the profile's rate for that pass and shape
+    (:meth:`HardwareProfile.linear_flops_per_s`). With tensor parallelism a layer whose fan-in is
+    the hidden size is column-parallel (fan_out / tp), the others row-parallel (fan_in / tp)
+    (Megatron-LM, Shoeybi et al. 2019 §3).
+    """
+    f = i = w = 0.0
+    for k, n, mult in gemms:
+        m = rows * mult
+        k_, n_ = (k, n / tp) if k == h else (k / tp, n)
+        flops = 2 * m * k_ * n_
+        f += flops / hardware.linear_flops_per_s(m, k_, n_, "F", dtype)
+        i += flops / hardware.linear_flops_per_s(m, k_, n_, "I", dtype)
+        w += flops / hardware.linear_flops_per_s(m, k_, n_, "W", dtype)
+    return f, i, w

@@ -1,0 +1,261 @@
+"""Stage costs: each model chunk's costs as the sum, in layer order, of named per-layer terms
+(:class:`LayerTerms`, from the operators of :mod:`simtrain.costs.layers`), plus the embedding and
+LM-head terms, the runtime's per-pass slowdown and the MoE segments of :mod:`simtrain.moe`.
+Formulas and sources: :mod:`simtrain.costs`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..errors import SimtrainError
+from ..hardware import HardwareProfile
+from ..models import ModelSpec
+from ..moe import check_expert_parallel, chunk_cost, gpu_layer_params, imbalance_extra_s
+from ..network import Collective
+from ..parallel import ParallelConfig
+from .layers import elementwise_s, gemm_seconds, layer_shape, linear_layers
+from .types import OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts
+
+def split_layers(num_layers: int, num_chunks: int) -> list[int]:
+    """Layers per chunk: as even as possible, extra layers to the middle chunks first.
+
+    Args:
+        num_layers: transformer layers in the model.
+        num_chunks: model chunks (pipeline stages).
+
+    Returns:
+        ``num_chunks`` counts summing to ``num_layers``.
+
+    Raises:
+        SimtrainError: more chunks than layers.
+    """
+    if num_chunks > num_layers:
+        raise SimtrainError(
+            f"{num_chunks} pipeline stages for a model of {num_layers} layers: "
+            "each stage needs at least one layer (lower --pp, or --vp for interleaved schedules)"
+        )
+    base, extra = divmod(num_layers, num_chunks)
+    counts = [base] * num_chunks
+    middle = list(range(1, num_chunks - 1))
+    order = middle + [0, num_chunks - 1] if num_chunks > 1 else [0]
+    for i in order[:extra]:
+        counts[i] += 1
+    return counts
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """What every chunk of one ``stage_costs`` call shares (shapes, rates, the TP declaration)."""
+
+    model: ModelSpec
+    parallel: ParallelConfig
+    hardware: HardwareProfile
+    num_chunks: int
+    seq_len: int
+    tokens: int
+    elem: int
+    slow: dict[str, float]
+    accumulate: float
+    attn_f_rate: float
+    attn_b_rate: float
+    hidden_bytes: float
+    tp_op: str
+    tp_per_layer: int
+
+
+@dataclass(frozen=True)
+class LayerTerms:
+    """One transformer layer's share of a chunk's costs for one microbatch on one GPU.
+
+    Attributes:
+        gemm_flops, attn_flops: forward GEMM and attention-score FLOPs.
+        forward_s, backward_input_s, backward_weight_s: seconds of F, I (without recomputation)
+            and W: GEMMs, attention and memory-bound kernels.
+        recompute_s: seconds the backward replays (``full``: the whole forward; ``selective``: the
+            attention scores; ``none``: 0).
+        activation_bytes, weight_grad_bytes: stored by F; still needed by W after I.
+        params, expert_params: parameters on this GPU, and how many are routed-expert ones.
+    """
+
+    gemm_flops: float
+    attn_flops: float
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    recompute_s: float
+    activation_bytes: float
+    weight_grad_bytes: float
+    params: float
+    expert_params: float
+
+
+def layer_terms(st: _Setting, layer: int) -> LayerTerms:
+    """The :class:`LayerTerms` of ``layer``."""
+    model, parallel, tokens = st.model, st.parallel, st.tokens
+    tp = parallel.tp
+    ls = layer_shape(model, layer, st.seq_len, tp, st.elem)
+    gf, gi, gw = gemm_seconds(linear_layers(model, layer), tokens, tp, model.hidden_size, st.hardware, parallel.dtype)
+    attn_f = ls.attn_flops * tokens / st.attn_f_rate
+    ew_f = elementwise_s({k: v * tokens for k, v in ls.ew_forward.items()}, st.hardware)
+    ew_b = elementwise_s({k: v * tokens for k, v in ls.ew_backward.items()}, st.hardware)
+    stored = ls.act_bytes + (ls.score_bytes if parallel.recompute == "none" else 0.0)
+    if parallel.recompute == "full":
+        act, recompute = ls.input_bytes * tokens, gf + attn_f + ew_f
+    else:
+        act, recompute = stored * tokens, (attn_f if parallel.recompute == "selective" else 0.0)
+    params, experts = gpu_layer_params(model, layer, parallel)
+    return LayerTerms(
+        gemm_flops=ls.gemm_flops * tokens, attn_flops=ls.attn_flops * tokens,
+        forward_s=gf + attn_f + ew_f, backward_input_s=gi + 2 * ls.attn_flops * tokens / st.attn_b_rate + ew_b,
+        backward_weight_s=gw, recompute_s=recompute, activation_bytes=act,
+        weight_grad_bytes=ls.w_bytes * tokens, params=params, expert_params=experts,
+    )
+
+
+@dataclass
+class _Sums:
+    """Running sums of a chunk's terms (added in layer order, then the head)."""
+
+    gemm: float = 0.0
+    attn: float = 0.0
+    act: float = 0.0
+    w: float = 0.0
+    f_s: float = 0.0
+    i_s: float = 0.0
+    w_s: float = 0.0
+    recompute_s: float = 0.0
+    params: float = 0.0
+    expert_params: float = 0.0
+    layer_flops: list = field(default_factory=list)
+
+    def add(self, layer: int, t: LayerTerms) -> None:
+        """Add one layer's terms."""
+        self.layer_flops.append((layer, t.gemm_flops, t.attn_flops))
+        self.gemm += t.gemm_flops
+        self.attn += t.attn_flops
+        self.f_s += t.forward_s
+        self.i_s += t.backward_input_s
+        self.w_s += t.backward_weight_s
+        self.act += t.activation_bytes
+        self.recompute_s += t.recompute_s
+        self.w += t.weight_grad_bytes
+        self.params += t.params
+        self.expert_params += t.expert_params
+
+
+def _add_head(sums: _Sums, st: _Setting) -> None:
+    """The LM head and loss: parameters (and the last stage's own copy of a tied matrix), the
+    head GEMM, the final norm and the fp32 softmax cross-entropy (F 2v, backward 3v), and what
+    they store: norm and head input, fp32 logits (Korthikanti et al. 2022 §4.3)."""
+    model, tokens, elem, tp, hw = st.model, st.tokens, st.elem, st.parallel.tp, st.hardware
+    h, v = model.hidden_size, model.vocab_size
+    sums.params += model.head_params() / tp
+    if model.tied_embeddings and st.num_chunks > 1:
+        sums.params += v * h / tp
+    sums.gemm += 2 * h * v / tp * tokens
+    gf, gi, gw = gemm_seconds([(h, v, 1.0)], tokens, tp, h, hw, st.parallel.dtype)
+    ew_f = elementwise_s(dict(norm=tokens * 2 * h * elem / tp, activation=tokens * 2 * 4 * v / tp), hw)
+    ew_b = elementwise_s(dict(norm=tokens * 3 * h * elem / tp, activation=tokens * 3 * 4 * v / tp), hw)
+    sums.f_s, sums.i_s, sums.w_s = sums.f_s + gf + ew_f, sums.i_s + gi + ew_b, sums.w_s + gw
+    sums.act += tokens * (2 * h * elem / tp + 4 * v / tp)
+    sums.w += tokens * (h + v / tp) * elem
+
+
+def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
+    """The :class:`ChunkCost` of chunk ``c`` holding ``layers``."""
+    model, parallel, tp = st.model, st.parallel, st.parallel.tp
+    has_emb, has_head = c == 0, c == st.num_chunks - 1
+    sums = _Sums()
+    for layer in layers:
+        sums.add(layer, layer_terms(st, layer))
+    if not parallel.sequence_parallel and tp > 1:
+        sums.act *= tp  # activations replicated across the TP group
+    if has_emb:
+        sums.params += model.embedding_params() / tp
+    if has_head:
+        _add_head(sums, st)
+    sums.w_s += elementwise_s(dict(add=st.accumulate * sums.params), st.hardware)
+    tp_f = Collective(st.tp_op, "tp", st.hidden_bytes, repeat=st.tp_per_layer * len(layers))
+    tp_b = replace(tp_f, repeat=tp_f.repeat * (2 if parallel.recompute == "full" else 1))
+    head_flops = 2 * model.hidden_size * model.vocab_size / tp * st.tokens if has_head else 0.0
+    moe = chunk_cost(model, parallel, st.hardware, sums.layer_flops, head_flops)
+    extra_f, extra_i, extra_w = imbalance_extra_s(moe, parallel.expert_imbalance)
+    slow = st.slow
+    slow_f, slow_b = slow.get("F", 1.0), slow.get("B", 1.0)
+    slow_i, slow_w = slow.get("I", slow_b), slow.get("W", slow_b)
+    split = (slow_i, slow_w) != (slow_b, slow_b)
+    return ChunkCost(
+        chunk=c, layers=layers, has_embedding=has_emb, has_head=has_head,
+        forward_s=sums.f_s * slow_f + extra_f,
+        backward_input_s=(sums.i_s + sums.recompute_s) * slow_i + extra_i,
+        backward_weight_s=sums.w_s * slow_w + extra_w,
+        forward_flops=sums.gemm + sums.attn, backward_input_flops=sums.gemm + 2 * sums.attn,
+        backward_weight_flops=sums.gemm, activation_bytes=sums.act, weight_grad_bytes=sums.w,
+        p2p_bytes=st.hidden_bytes / (tp if parallel.sequence_parallel else 1),
+        params=sums.params, expert_params=sums.expert_params, moe=moe,
+        full_backward_s=(sums.i_s + sums.recompute_s + sums.w_s) * slow_b if split else None,
+        tp_forward=(tp_f,) if tp > 1 and layers else (), tp_backward=(tp_b,) if tp > 1 and layers else (),
+    )
+
+
+def stage_costs(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    hardware: HardwareProfile,
+    num_chunks: int,
+) -> StageCosts:
+    """Per-chunk costs of ``model`` cut into ``num_chunks`` pipeline stages.
+
+    Args:
+        model: the transformer.
+        parallel: degrees, microbatch shape, dtype, recomputation, ZeRO stage.
+        hardware: achieved FLOP/s and the TP link.
+        num_chunks: model chunks (pp x vp, or pp for DualPipe whose 2·pp stages share chunks).
+
+    Returns:
+        A :class:`StageCosts` with ``num_chunks`` chunks.
+
+    Raises:
+        SimtrainError: more chunks than layers, tp that does not divide the heads, expert
+            parallelism that cannot run (:func:`simtrain.moe.check_expert_parallel`), or a dtype
+            the profile lacks.
+    """
+    tp = parallel.tp
+    if model.num_heads % tp:
+        raise SimtrainError(
+            f"--tp {tp}: must divide the model's {model.num_heads} attention heads ({model.name})"
+        )
+    check_expert_parallel(model, parallel, hardware)
+    s = parallel.seq_len or model.seq_len
+    tokens = parallel.microbatch_size * s
+    elem, dtype = parallel.dtype_bytes, parallel.dtype
+    hardware.achieved_flops(dtype)  # an unknown dtype is an error even with calibrated tables
+    weight_bytes = 2 if elem == 2 else 4  # 16-bit weights and gradients in mixed precision
+    # per layer: 2 all-gathers + 2 reduce-scatters (as fast as each other) or 2 all-reduces
+    tp_op, tp_per_layer = ("reduce-scatter", 4) if parallel.sequence_parallel else ("all-reduce", 2)
+    st = _Setting(
+        model, parallel, hardware, num_chunks, s, tokens, elem, hardware.layer_slowdown,
+        # gradient accumulation over microbatches: grad += new (2 reads, 1 write) after the first
+        accumulate=(parallel.microbatches - 1) / parallel.microbatches * 3 * weight_bytes,
+        attn_f_rate=hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=False),
+        attn_b_rate=hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=True),
+        hidden_bytes=tokens * model.hidden_size * elem,  # one full s*b*h tensor
+        tp_op=tp_op, tp_per_layer=tp_per_layer,
+    )
+    chunks, first = [], 0
+    for c, n in enumerate(split_layers(model.num_layers, num_chunks)):
+        chunks.append(_chunk(st, c, tuple(range(first, first + n))))
+        first += n
+    optimizer_bytes = 12 if elem == 2 else 8
+    optimizer_rate = hardware.optimizer_bytes_per_s or hardware.hbm_bandwidth_bytes_per_s
+    shard = parallel.dp if parallel.zero_stage >= 1 else 1
+    expert_shard = parallel.expert_dp if parallel.zero_stage >= 1 else 1
+    return StageCosts(
+        chunks=tuple(chunks),
+        static_bytes_per_param=2 * weight_bytes + optimizer_bytes / shard,
+        grad_bytes_per_param=weight_bytes,
+        optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / shard / optimizer_rate,
+        tokens_per_microbatch=tokens,
+        expert_static_bytes_per_param=2 * weight_bytes + optimizer_bytes / expert_shard,
+        expert_optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / expert_shard / optimizer_rate,
+    )

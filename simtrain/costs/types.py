@@ -1,0 +1,146 @@
+"""The cost records: :class:`ChunkCost` (one model chunk, one microbatch, one GPU) and
+:class:`StageCosts` (every chunk plus per-parameter rates). See :mod:`simtrain.costs`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..errors import SimtrainError
+from ..moe import MoEChunkCost
+from ..network import Collective
+
+OPTIMIZER_BYTES_PER_PARAM = 28
+"""HBM bytes an Adam step reads and writes per parameter it updates (grad, master weight, m, v
+read; master weight, m, v, 16-bit weight written): the step is memory-bound, at the HBM bandwidth
+or a calibrated profile's measured optimizer rate (``compute.optimizer_gb_per_s``)."""
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    """Costs of one model chunk (a pipeline stage) for one microbatch on one GPU.
+
+    Attributes:
+        chunk: model chunk index (0 = holds the embedding).
+        layers: transformer layer indices in this chunk.
+        has_embedding, has_head: whether it holds the input embedding / the LM head and loss.
+        forward_s, backward_input_s, backward_weight_s: compute seconds of F, I and W
+            (I includes recomputation when enabled); B = I + W.
+        tp_forward, tp_backward: the tensor-parallel collectives F and I (or B) issue, declared,
+            not priced (:meth:`simtrain.network.Topology.seconds` prices them).
+        forward_flops, backward_input_flops, backward_weight_flops: model FLOPs on this GPU
+            (no recomputation), for MFU.
+        activation_bytes: bytes stored by F and held until the backward.
+        weight_grad_bytes: bytes of that which W still needs after I (freed by W).
+        p2p_bytes: bytes of the activation this chunk sends on (= the gradient it receives).
+        params: parameters held by this GPU for this chunk.
+        expert_params: how many of ``params`` are routed-expert parameters sharded over EP
+            (reduced over the expert-data-parallel group; 0 when ep = 1).
+        moe: the chunk cut around its MoE blocks (ep > 1 and at least one MoE layer), else None.
+        full_backward_s: seconds of a full backward B when it differs from I + W (a runtime whose
+            split backward costs more than a full one, see ``layer_slowdown``); None means I + W.
+    """
+
+    chunk: int
+    layers: tuple[int, ...]
+    has_embedding: bool
+    has_head: bool
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    forward_flops: float
+    backward_input_flops: float
+    backward_weight_flops: float
+    activation_bytes: float
+    weight_grad_bytes: float
+    p2p_bytes: float
+    params: float
+    expert_params: float = 0.0
+    moe: MoEChunkCost | None = None
+    full_backward_s: float | None = None
+    tp_forward: tuple[Collective, ...] = ()
+    tp_backward: tuple[Collective, ...] = ()
+
+    @property
+    def backward_s(self) -> float:
+        """Full backward compute seconds: B = I + W (unless ``full_backward_s`` says otherwise)."""
+        if self.full_backward_s is not None:
+            return self.full_backward_s
+        return self.backward_input_s + self.backward_weight_s
+
+    @property
+    def model_flops(self) -> float:
+        """Model FLOPs of F + I + W for one microbatch on this GPU."""
+        return self.forward_flops + self.backward_input_flops + self.backward_weight_flops
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Costs of every model chunk plus what is per parameter.
+
+    Attributes:
+        chunks: one :class:`ChunkCost` per model chunk, in model order.
+        static_bytes_per_param: parameter + gradient + optimizer bytes per parameter held.
+        grad_bytes_per_param: bytes per parameter of the gradient that DP reduces.
+        optimizer_s_per_param: seconds of the optimizer step per parameter held.
+        tokens_per_microbatch: b x s.
+        fixed_op_times: True when durations were replaced by ``--op-times``.
+        expert_static_bytes_per_param, expert_optimizer_s_per_param: the same for routed-expert
+            parameters, whose optimizer states ZeRO-1 shards over the expert-DP group (None: as
+            for the other parameters).
+    """
+
+    chunks: tuple[ChunkCost, ...]
+    static_bytes_per_param: float
+    grad_bytes_per_param: float
+    optimizer_s_per_param: float
+    tokens_per_microbatch: int
+    fixed_op_times: bool = False
+    expert_static_bytes_per_param: float | None = None
+    expert_optimizer_s_per_param: float | None = None
+
+    def _per_param(self, chunks, dense_rate: float, expert_rate: float | None) -> float:
+        """Sum over ``chunks`` of dense parameters x ``dense_rate`` + routed-expert parameters x
+        ``expert_rate`` (``dense_rate`` when None)."""
+        expert_rate = dense_rate if expert_rate is None else expert_rate
+        return sum((self.chunks[c].params - self.chunks[c].expert_params) * dense_rate
+                   + self.chunks[c].expert_params * expert_rate for c in chunks)
+
+    def static_bytes(self, chunks: set[int] | list[int]) -> float:
+        """Parameter + gradient + optimizer bytes of the given chunks on one GPU."""
+        return self._per_param(chunks, self.static_bytes_per_param, self.expert_static_bytes_per_param)
+
+    def optimizer_s(self, chunks: set[int] | list[int]) -> float:
+        """Seconds of the optimizer step for the given chunks on one GPU."""
+        return self._per_param(chunks, self.optimizer_s_per_param, self.expert_optimizer_s_per_param)
+
+    def with_op_times(self, forward_s: float, backward_input_s: float, backward_weight_s: float) -> StageCosts:
+        """Copy with every chunk's F, I, W replaced by fixed seconds (TP and optimizer time 0).
+
+        This is the papers' analysis setting: one action (one microbatch through one chunk) takes
+        a fixed time, with no MoE sub-operations. Memory and message sizes keep coming from the
+        model.
+
+        Raises:
+            SimtrainError: a time is negative, or all three are zero.
+        """
+        times = (forward_s, backward_input_s, backward_weight_s)
+        if not all(math.isfinite(t) and t >= 0 for t in times) or sum(times) <= 0:
+            raise SimtrainError(
+                f"op-times F,I,W = {','.join(map(str, times))}: each must be a finite number >= 0 "
+                "seconds and at least one > 0"
+            )
+        chunks = tuple(
+            replace(
+                c,
+                forward_s=forward_s,
+                backward_input_s=backward_input_s,
+                backward_weight_s=backward_weight_s,
+                tp_forward=(),
+                tp_backward=(),
+                moe=None,
+                full_backward_s=None,
+            )
+            for c in self.chunks
+        )
+        return replace(self, chunks=chunks, optimizer_s_per_param=0.0, fixed_op_times=True)

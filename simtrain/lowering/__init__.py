@@ -1,0 +1,75 @@
+"""Lowering: (Schedule, StageCosts, Topology) -> TaskGraph with compute, communication and memory.
+
+:func:`lower` is a short chain of named passes over one shared state
+(:class:`~simtrain.lowering.items.Lowering`), in the manner of torch's
+``torch/distributed/pipelining/schedules.py`` (``_prepare_schedule_with_comms``, which takes a
+compute-only schedule through ``_add_unshard_reshard`` and ``_add_send_recv``):
+
+1. :func:`~simtrain.lowering.chains.emit_chains`: every action (plain, each half of an
+   overlapped F&B pair, an action on an MoE stage) becomes one chain of compute slices, TP
+   collectives and MoE blocks, emitted by one emitter on the rank's streams in schedule order,
+   with its memory deltas (F allocates its activation; B frees it; I frees all but what W
+   needs; W frees the rest; a forward-only F frees it when it ends);
+2. :func:`~simtrain.lowering.comms.add_p2p`: data dependencies along each microbatch's path, a
+   p2p send where two stages sit on different ranks; every schedule gets its communication
+   without code of its own;
+3. :func:`~simtrain.lowering.comms.add_gradient_reduction`: DP (ZeRO-1: reduce-scatter) gradient
+   buckets overlapping the last backward of each stage;
+4. :func:`~simtrain.lowering.comms.add_optimizer`: the optimizer step, and ZeRO-1's parameter
+   all-gather;
+5. :func:`~simtrain.lowering.comms.add_runtime_overheads`: calibrated per-action and per-message
+   overheads and shared processor pools.
+
+A forward-only step (``parallel.forward_only``) runs only the forwards (a pair runs its forward half
+alone), with no gradient reduction or optimizer. Communication is declared as
+:class:`simtrain.network.Collective` and priced by :class:`simtrain.network.Topology` alone.
+"""
+
+from __future__ import annotations
+
+from ..costs import StageCosts
+from ..engine import TaskGraph
+from ..network import Topology
+from ..schedules.ir import Schedule
+from .chains import emit_chains
+from .comms import (add_gradient_reduction, add_optimizer, add_p2p, add_runtime_overheads, gradient_holders,
+                    weight_grad_finishers)
+from .items import Lowering
+
+
+def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool = True, waves: int = 1) -> TaskGraph:
+    """Build the task graph of one training step (or forward-only step).
+
+    Args:
+        schedule: a validated schedule.
+        costs: per-chunk costs with ``schedule.num_chunks`` chunks.
+        topology: placement and routes (its ParallelConfig gives dp, ZeRO stage, buckets,
+            forward_only and the all-to-all lanes).
+        comm: False makes every communication free (no communication tasks at all; MoE stages
+            then run each action as one compute task).
+        waves: expert waves per MoE block (1 = serial dispatch, experts, combine; > 1 = Waved-EP).
+
+    Returns:
+        The task graph; rank r of the graph is pipeline rank r.
+    """
+    held = [{schedule.chunk_of(s) for s in schedule.stages_of(r)} for r in range(schedule.num_ranks)]
+    low = Lowering(
+        schedule, costs, topology, comm, waves, TaskGraph(num_ranks=schedule.num_ranks),
+        chunk=[costs.chunks[schedule.chunk_of(s)] for s in range(schedule.num_stages)], held=held,
+    )
+    low.graph.static_memory_bytes = [costs.static_bytes(h) for h in held]
+    reduce = comm and low.training
+    holders = gradient_holders(schedule)
+    dp = topology.parallel.dp
+    grad_buckets = {a for a in weight_grad_finishers(schedule) if dp * len(holders[a.stage]) > 1} if reduce else set()
+    emit_chains(low, grad_buckets)
+    add_p2p(low)
+    if reduce:
+        add_gradient_reduction(low)
+    if low.training:
+        add_optimizer(low)
+    add_runtime_overheads(low)
+    return low.graph
+
+
+__all__ = ["lower"]

@@ -1,0 +1,214 @@
+"""The first lowering pass: every action of every rank becomes one chain of items, emitted by one
+emitter.
+
+A schedule step of a rank (one plain action, or the two halves of an overlapped F&B pair) becomes
+one :class:`~simtrain.lowering.items.Chain` per action, built from one table of what each action
+kind computes (:func:`compute_s`), holds in memory (:func:`memory`) and communicates inside the
+tensor-parallel group (:func:`tp_item`, priced by :meth:`simtrain.network.Topology.seconds` from the
+collectives the chunk declares). Three builders differ only in how they cut an action:
+
+* :func:`plain_chain`: one compute slice (or ``dp_buckets`` equal slices when the action completes
+  its stage's weight gradients), then its TP collectives (Megatron without TP overlap);
+* :func:`pair_chains` (DualPipe's F&B without MoE blocks): each half cut into one slice per
+  transformer layer, each slice followed by its share of the half's TP collectives, the halves'
+  slices alternating forward first. This follows DeepSeek's published DualPipe training profile
+  (deepseek-ai/profile-data, train.json), which overlaps the pair layer by layer; each half's
+  communication overlaps the other half's compute;
+* :func:`moe_chains`: an action on an MoE stage under expert parallelism, cut into attention /
+  dispatch / experts / combine (:mod:`simtrain.lowering.moe`); a pair's items alternate backward
+  first, and each half's TP collectives follow all its items.
+
+A pair's compute is scaled by the profile's ``overlap_compute_factor``; its p2p sends leave when the
+whole pair is done (``overlap_sends = "after_pair"``, what deepseek-ai/DualPipe's released
+``step()`` and torch's runtime do) or each when its half is (``"per_half"``, DeepSeek-V3 Figure 4).
+"""
+
+from __future__ import annotations
+
+from ..costs import ChunkCost
+from ..network import Topology
+from ..schedules.ir import Action, OverlapAction
+from .items import Block, Chain, Compute, Item, Lowering, TPComm
+from .moe import add_block, moe_items, transfers
+
+
+def compute_s(c: ChunkCost, kind: str) -> float:
+    """Compute seconds of an action of ``kind`` (F, B, I, W) on chunk ``c``."""
+    return {"F": c.forward_s, "B": c.backward_s, "I": c.backward_input_s, "W": c.backward_weight_s}[kind]
+
+
+def memory(a: Action, c: ChunkCost, rank: int, forward_only: bool) -> tuple[list, list]:
+    """``(mem_start, mem_end)`` deltas of action ``a`` on chunk ``c``: F allocates the activation
+    when it starts (and frees it when it ends in a forward-only step); B frees it; I frees all but
+    what W needs; W frees the rest."""
+    if a.kind == "F":
+        return [(rank, c.activation_bytes)], ([(rank, -c.activation_bytes)] if forward_only else [])
+    return [], {
+        "B": [(rank, -c.activation_bytes)],
+        "I": [(rank, c.weight_grad_bytes - c.activation_bytes)],
+        "W": [(rank, -c.weight_grad_bytes)],
+    }[a.kind]
+
+
+def tp_seconds(c: ChunkCost, kind: str, topology: Topology, rank: int) -> float:
+    """Seconds of the TP collectives chunk ``c`` declares for an action of ``kind`` on ``rank``."""
+    declared = {"F": c.tp_forward, "B": c.tp_backward, "I": c.tp_backward}.get(kind, ())
+    return sum(topology.seconds(x, rank) for x in declared)
+
+
+def tp_item(low: Lowering, a: Action, rank: int, share: int = 1, suffix: str = "") -> list[Item]:
+    """The in-stage collectives of ``a`` on ``rank`` (1/``share`` of them) as one item on the
+    ``tp`` stream holding the ports of the first one's route, or nothing when free."""
+    key = (a.stage, a.kind, rank)  # priced once per stage, kind and rank
+    if key not in low.tp_cache:
+        c = low.chunk[a.stage]
+        seconds = tp_seconds(c, a.kind, low.topology, rank) if low.comm else 0.0
+        declared = c.tp_forward if a.kind == "F" else c.tp_backward
+        low.tp_cache[key] = (seconds, low.topology.route(declared[0], rank).resources if seconds > 0 else ())
+    seconds, resources = low.tp_cache[key]
+    if seconds <= 0:
+        return []
+    return [TPComm(seconds / share if share > 1 else seconds, f"tp {a}{suffix}", resources)]
+
+
+def plain_chain(low: Lowering, a: Action, rank: int, pieces: int) -> Chain:
+    """One plain action: ``pieces`` equal compute slices, then its TP collectives."""
+    c = low.chunk[a.stage]
+    duration = compute_s(c, a.kind)
+    chain = Chain(a, c, [[Compute(duration / pieces, str(a))] for _ in range(pieces)], buckets="pieces")
+    if chain.steps:
+        chain.steps[-1] += tp_item(low, a, rank)
+    return chain
+
+
+def pair_chains(low: Lowering, pair: OverlapAction, rank: int) -> list[Chain]:
+    """An overlapped F&B pair without MoE blocks: one slice per layer, each with its TP share."""
+    factor = low.topology.hardware.overlap_compute_factor
+    chains = []
+    for a in pair.parts:
+        c = low.chunk[a.stage]
+        n = max(1, len(c.layers))
+        seconds = compute_s(c, a.kind) * factor
+        steps = [[Compute(seconds / n, f"{a} ({i + 1}/{n})"), *tp_item(low, a, rank, n, f" ({i + 1}/{n})")]
+                 for i in range(n)]
+        chains.append(Chain(a, c, steps))
+    return chains
+
+
+def moe_chains(low: Lowering, parts: list[Action], rank: int) -> list[Chain]:
+    """A step with an MoE half: the MoE items of each part, its TP collectives in the tail."""
+    factor = low.topology.hardware.overlap_compute_factor if len(parts) == 2 else 1.0
+    return [Chain(a, low.chunk[a.stage], [[item] for item in moe_items(a, low.chunk[a.stage], factor)],
+                  tail=tp_item(low, a, rank), buckets="elapsed") for a in parts]
+
+
+def step_chains(low: Lowering, act, rank: int, grad_buckets: set[Action]) -> tuple[list[Chain], bool]:
+    """The chains of one schedule step and whether its steps alternate backward first (MoE)."""
+    parts = [a for a in act.parts if a.kind == "F" or low.training]
+    if low.comm and any(low.chunk[a.stage].moe is not None and a.kind != "W" for a in parts):
+        return moe_chains(low, parts, rank), True
+    if isinstance(act, OverlapAction) and len(parts) == 2:
+        return pair_chains(low, act, rank), False
+    buckets = low.topology.parallel.dp_buckets
+    return [plain_chain(low, a, rank, buckets if a in grad_buckets else 1) for a in parts], False
+
+
+def emit_chains(low: Lowering, grad_buckets: set[Action]) -> None:
+    """Pass 1: emit every rank's chains in schedule order; record each action's first and last
+    task and, for the actions in ``grad_buckets``, where each gradient bucket is ready."""
+    forward_only = not low.training
+    for rank, order in enumerate(low.schedule.orders):
+        after: list[int] = []  # tasks the rank's next step waits for
+        for act in order:
+            chains, backward_first = step_chains(low, act, rank, grad_buckets)
+            if not chains:
+                continue
+            after = _emit_step(low, rank, chains, after, backward_first, forward_only)
+            for ch in chains:
+                if ch.action in grad_buckets:
+                    low.bucket_after[ch.action] = _bucket_anchors(low, ch)
+
+
+def _emit_step(low: Lowering, rank: int, chains: list[Chain], after: list[int], backward_first: bool,
+               forward_only: bool) -> list[int]:
+    """Emit the chains of one step (one action, or a pair's two halves); returns the ids of the
+    tasks the rank's next step waits for: the last task of each chain."""
+    pending = {id(ch): list(after) for ch in chains}
+    for ch, items in _interleave(chains, backward_first):
+        for item in items:
+            pending[id(ch)] = _emit_item(low, rank, ch, item, pending[id(ch)])
+    for ch in chains:
+        for item in ch.tail:
+            pending[id(ch)] = _emit_item(low, rank, ch, item, pending[id(ch)])
+    ends = [ch.tasks[-1] for ch in chains]
+    for ch in chains:
+        a = ch.action
+        ch.compute[0].mem_start, ch.compute[-1].mem_end = memory(a, ch.chunk, rank, forward_only)
+        low.first[a], low.last[a] = ch.compute[0], ch.tasks[-1]
+    if len(chains) == 2 and low.topology.hardware.overlap_sends == "after_pair":
+        for ch in chains:  # both sends wait for the later-built half's end
+            low.last[ch.action] = max(ends, key=lambda t: t.tid)
+    return [t.tid for t in ends]
+
+
+def _emit_item(low: Lowering, rank: int, ch: Chain, item: Item, pending: list[int]) -> list[int]:
+    """Add the tasks of one item after ``pending``; returns what the chain's next item waits for."""
+    a, graph = ch.action, low.graph
+    if isinstance(item, Compute):
+        task = graph.add(name=item.label, rank=rank, category="compute", kind=a.kind, duration_s=item.seconds,
+                         deps=list(pending), stream="compute", stage=a.stage, microbatch=a.microbatch)
+        ch.compute.append(task)
+        ch.tasks.append(task)
+        return [task.tid]
+    if isinstance(item, TPComm):
+        task = graph.add(name=item.label, rank=rank, category="comm", kind="tp", stream="tp",
+                         duration_s=item.seconds, deps=list(pending), resources=item.resources,
+                         stage=a.stage, microbatch=a.microbatch)
+        ch.tasks.append(task)
+        return [task.tid]
+    assert isinstance(item, Block)
+    lane = "-combine" if low.topology.parallel.a2a_links == "separate" else ""
+    experts, sent, back = add_block(
+        graph, rank, waves=low.waves, after=[ch.compute[-1].tid], expert_s=item.expert_s,
+        to_experts=transfers(item.to_experts, low.topology, rank),
+        back=transfers(item.back, low.topology, rank, lane),
+        kind=a.kind, names=item.names, label=f"{a} L{item.layer}", stage=a.stage, microbatch=a.microbatch,
+    )
+    ch.compute += experts
+    ch.tasks += sent + experts + back
+    return [t.tid for t in back] or [experts[-1].tid]
+
+
+def _interleave(chains: list[Chain], backward_first: bool):
+    """Yield ``(chain, step)``: one chain in order, or a pair's two alternating (backward first
+    for MoE pairs, whose backward starts with its chunk's tail so its first all-to-all leaves at
+    once; forward first for layer-sliced pairs)."""
+    if len(chains) == 1:
+        yield from ((chains[0], step) for step in chains[0].steps)
+        return
+    order = chains[::-1] if backward_first else chains
+    for i in range(max(len(ch.steps) for ch in chains)):
+        for ch in order:
+            if i < len(ch.steps):
+                yield ch, ch.steps[i]
+
+
+def _bucket_anchors(low: Lowering, ch: Chain) -> list:
+    """The task after which each of ``ch``'s gradient buckets is ready."""
+    n = low.topology.parallel.dp_buckets
+    if ch.buckets == "pieces":
+        return list(ch.compute)
+    if ch.buckets == "elapsed":  # bucket i is ready once (i+1)/buckets of the compute ran
+        total = sum(t.duration_s for t in ch.compute)
+        return [_task_at(ch.compute, total * (i + 1) / n) for i in range(n)]
+    return [low.last[ch.action]] * n
+
+
+def _task_at(tasks: list, elapsed_s: float):
+    """The first of ``tasks`` by whose end ``elapsed_s`` of their summed duration has run."""
+    run = 0.0
+    for t in tasks:
+        run += t.duration_s
+        if run >= elapsed_s * (1 - 1e-12):
+            return t
+    return tasks[-1]

@@ -1,0 +1,156 @@
+"""The lowering passes after the chains: pipeline p2p, DP/ZeRO gradient reduction, the optimizer
+step and the calibrated runtime overheads (see :func:`simtrain.lowering.lower` for the order).
+Every collective is declared as a :class:`simtrain.network.Collective` and priced by the topology.
+"""
+
+from __future__ import annotations
+
+from ..engine import Task
+from ..network import Collective
+from ..schedules.ir import Action, Schedule
+from .items import Lowering
+
+
+def weight_grad_finishers(schedule: Schedule) -> set[Action]:
+    """For each stage, the action that completes its weight gradients: its last W or B."""
+    finisher: dict[int, Action] = {}
+    for order in schedule.orders:
+        for act in order:
+            for a in act.parts:
+                if a.kind in ("B", "W"):
+                    finisher[a.stage] = a
+    return set(finisher.values())
+
+
+def gradient_holders(schedule: Schedule) -> dict[int, tuple[int, ...]]:
+    """For each stage, the pipeline ranks computing its model chunk (two for DualPipe's copies)."""
+    holders = {c: tuple(sorted({schedule.stage_to_rank[s] for s in range(schedule.num_stages)
+                                if schedule.chunk_of(s) == c})) for c in range(schedule.num_chunks)}
+    return {s: holders[schedule.chunk_of(s)] for s in range(schedule.num_stages)}
+
+
+def add_p2p(low: Lowering) -> None:
+    """Pass 2: wire F -> F along each microbatch's path, B/I -> B/I back along it, F -> B/I and
+    I -> W; a dependency between stages on different ranks becomes a p2p send of the activation
+    (or its gradient) on the route :meth:`simtrain.network.Topology.route` gives, and costs the
+    profile's per-message overhead on both ends (like torch's ``_add_send_recv``, which inserts
+    SEND/RECV actions between the compute actions of a schedule)."""
+    schedule, topology, first, last = low.schedule, low.topology, low.first, low.last
+    priced: dict[tuple[int, int, float], tuple[float, tuple[str, ...]]] = {}  # (src, dst, bytes) -> s, ports
+
+    def backward_of(stage: int, mb: int) -> Action:
+        b = Action(stage, "B", mb)
+        return b if b in last else Action(stage, "I", mb)
+
+    def connect(producer: Action, consumer: Action, nbytes: float) -> None:
+        src, dst = schedule.stage_to_rank[producer.stage], schedule.stage_to_rank[consumer.stage]
+        done = last[producer]
+        if src == dst or not low.comm:
+            first[consumer].deps.append(done.tid)
+            return
+        if (src, dst, nbytes) not in priced:
+            collective = Collective("p2p", "pp", nbytes)
+            priced[src, dst, nbytes] = (topology.seconds(collective, src, peer=dst),
+                                        topology.route(collective, src, peer=dst).resources)
+        seconds, resources = priced[src, dst, nbytes]
+        done.duration_s += topology.hardware.message_overhead_s  # posting the send
+        first[consumer].duration_s += topology.hardware.message_overhead_s  # completing the receive
+        send = low.graph.add(
+            name=f"p2p {producer} -> {consumer}", rank=src, peer=dst, category="comm", kind="p2p",
+            duration_s=seconds, deps=[done.tid], resources=resources,
+            stage=producer.stage, microbatch=producer.microbatch, nbytes=nbytes,
+        )
+        first[consumer].deps.append(send.tid)
+
+    for a in list(first):
+        path = schedule.path(a.microbatch)
+        i = path.index(a.stage)
+        if a.kind == "F" and i > 0:
+            connect(Action(path[i - 1], "F", a.microbatch), a, low.chunk[path[i - 1]].p2p_bytes)
+        elif a.kind in ("B", "I"):
+            first[a].deps.append(last[Action(a.stage, "F", a.microbatch)].tid)
+            if i < len(path) - 1:
+                connect(backward_of(path[i + 1], a.microbatch), a, low.chunk[a.stage].p2p_bytes)
+        elif a.kind == "W":
+            first[a].deps.append(last[Action(a.stage, "I", a.microbatch)].tid)
+
+
+def add_gradient_reduction(low: Lowering) -> None:
+    """Pass 3: after each piece of the action that completes a stage's weight gradients, reduce
+    one of ``dp_buckets`` equal buckets on the rank's ``dp`` stream (all-reduce, or reduce-scatter
+    under ZeRO-1; Li et al. 2020, "PyTorch Distributed", §3.2.3 gradient bucketing) over the DP
+    replicas of every rank holding the chunk; routed-expert gradients over the expert-DP group.
+    A chunk's copies (DualPipe) reduce bucket i together: each waits for both copies' piece i."""
+    parallel, topology, costs = low.topology.parallel, low.topology, low.costs
+    holders = gradient_holders(low.schedule)
+    op = "reduce-scatter" if parallel.zero_stage >= 1 else "all-reduce"
+    pieces = parallel.dp_buckets
+    buckets: dict[int, list[tuple[Task, Task]]] = {}  # stage -> (compute piece, its reduction)
+    for a, anchors in low.bucket_after.items():
+        c, group = low.chunk[a.stage], holders[a.stage]
+        dense = (c.params - c.expert_params) * costs.grad_bytes_per_param / pieces
+        experts = c.expert_params * costs.grad_bytes_per_param / pieces
+        for i, piece in enumerate(anchors):
+            rank = piece.rank
+            collective = Collective(op, "dp", dense)
+            seconds = topology.seconds(collective, rank, group)
+            if experts > 0:
+                seconds += topology.seconds(Collective(op, "expert_dp", experts), rank, group)
+            reduce = low.graph.add(
+                name=f"dp grad stage {a.stage} bucket {i}", rank=rank, category="comm", kind="dp", stream="dp",
+                deps=[piece.tid], resources=topology.route(collective, rank, group).resources, duration_s=seconds,
+                stage=a.stage, nbytes=dense + experts,
+            )
+            buckets.setdefault(a.stage, []).append((piece, reduce))
+            low.dp_tasks.setdefault(rank, []).append(reduce)
+    for stage, pairs in buckets.items():
+        for other in buckets:
+            if other != stage and low.schedule.chunk_of(other) == low.schedule.chunk_of(stage):
+                for (_, reduce), (piece, _) in zip(pairs, buckets[other]):
+                    reduce.deps.append(piece.tid)
+
+
+def add_optimizer(low: Lowering) -> None:
+    """Pass 4: each rank's optimizer step (memory-bound Adam) after its last compute and its
+    gradient reductions; under ZeRO-1 an all-gather of the updated parameters (dense over DP,
+    routed experts over expert-DP)."""
+    schedule, costs, topology, parallel = low.schedule, low.costs, low.topology, low.topology.parallel
+    dp = parallel.dp if low.comm else 1
+    last_compute: dict[int, int] = {}  # rank -> its last compute-stream task, in one pass
+    for t in low.graph.tasks:
+        if t.stream == "compute":
+            last_compute[t.rank] = t.tid
+    for rank in range(schedule.num_ranks):
+        duration = costs.optimizer_s(low.held[rank])
+        if duration <= 0:
+            continue
+        deps = [last_compute[rank]] if rank in last_compute else []
+        deps += [t.tid for t in low.dp_tasks.get(rank, [])]
+        opt = low.graph.add(name="optimizer step", rank=rank, category="compute", kind="OPT", stream="compute",
+                            duration_s=duration, deps=deps)
+        if parallel.zero_stage >= 1 and dp > 1:
+            experts = sum(costs.chunks[c].expert_params for c in low.held[rank]) * costs.grad_bytes_per_param
+            dense = sum(costs.chunks[c].params for c in low.held[rank]) * costs.grad_bytes_per_param - experts
+            gather = Collective("all-gather", "dp", dense)
+            seconds = topology.seconds(gather, rank)
+            if experts > 0:
+                seconds += topology.seconds(Collective("all-gather", "expert_dp", experts), rank)
+            low.graph.add(name="dp param all-gather", rank=rank, category="comm", kind="dp", stream="dp",
+                          duration_s=seconds, deps=[opt.tid], resources=topology.route(gather, rank).resources,
+                          nbytes=dense + experts)
+
+
+def add_runtime_overheads(low: Lowering) -> None:
+    """Pass 5: the calibrated runtime: the per-action overhead (``action_overhead_s``) on the first
+    task of every action (each half of a pair, each MoE action), and every compute task of a rank
+    that shares processors on its node on that node's pool
+    (:meth:`simtrain.network.Topology.processor_pools`)."""
+    overhead = low.topology.hardware.action_overhead_s
+    if overhead:
+        for task in low.first.values():
+            task.duration_s += overhead
+    pool_of, low.graph.pools = low.topology.processor_pools(low.schedule.num_ranks)
+    if pool_of:
+        for task in low.graph.tasks:
+            if task.category == "compute" and task.rank in pool_of:
+                task.pool = pool_of[task.rank]

@@ -1,0 +1,126 @@
+"""The items a lowered action is made of, and the state the lowering passes share.
+
+Every action of a schedule (a plain F/B/I/W, each half of an overlapped F&B pair, an action on an
+MoE stage) becomes one :class:`Chain`: a list of *steps*, each a few items emitted together, and a
+*tail* emitted after every chain of the schedule step. The items are compute slices on the
+rank's ``compute`` stream (:class:`Compute`), tensor-parallel collectives on its ``tp`` stream
+(:class:`TPComm`) and MoE blocks (:class:`Block`: all-to-all, experts, all-to-all). One emitter
+(:func:`simtrain.lowering.chains.emit`) turns chains into tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..costs import ChunkCost, StageCosts
+from ..engine import Task, TaskGraph
+from ..moe import A2ACost
+from ..network import A2APart, Topology
+from ..schedules.ir import Action, Schedule
+
+
+@dataclass(frozen=True)
+class Compute:
+    """A compute slice: ``seconds`` on the compute stream, named ``label``."""
+
+    seconds: float
+    label: str
+
+
+@dataclass(frozen=True)
+class TPComm:
+    """Tensor-parallel collectives: ``seconds`` on the ``tp`` stream after the chain's previous
+    item, holding ``resources``; the chain's next item waits for it."""
+
+    seconds: float
+    label: str
+    resources: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Block:
+    """An MoE block: all-to-all ``to_experts``, ``expert_s`` of expert compute, all-to-all
+    ``back``; ``names`` label the two all-to-alls in the trace."""
+
+    layer: int
+    expert_s: float
+    to_experts: A2ACost
+    back: A2ACost
+    names: tuple[str, str]
+
+
+Item = Compute | TPComm | Block
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One link class's share of an all-to-all (``part``: its bytes and seconds) and the engine
+    ports it holds while it runs (``resources``)."""
+
+    part: A2APart
+    resources: tuple[str, ...]
+
+
+@dataclass
+class Chain:
+    """What one action lowers to.
+
+    Attributes:
+        action: the action.
+        chunk: its chunk's costs.
+        steps: groups of items; the steps of two chains of a pair alternate (see
+            :func:`simtrain.lowering.chains.emit`).
+        tail: items emitted after every step of the schedule step (a MoE action's TP collectives).
+        buckets: how the action's compute is cut for DP gradient buckets: ``"pieces"`` (bucket i
+            after compute task i), ``"elapsed"`` (after the compute task by whose end (i+1)/n of
+            the compute ran) or ``"end"`` (all after the action).
+        compute, tasks: filled by the emitter: the chain's compute tasks (expert tasks included)
+            and all its tasks, in creation order.
+    """
+
+    action: Action
+    chunk: ChunkCost
+    steps: list[list[Item]]
+    tail: list[Item] = field(default_factory=list)
+    buckets: str = "end"
+    compute: list[Task] = field(default_factory=list)
+    tasks: list[Task] = field(default_factory=list)
+
+
+@dataclass
+class Lowering:
+    """The state the lowering passes share.
+
+    Attributes:
+        schedule, costs, topology: the inputs of :func:`simtrain.lowering.lower`.
+        comm: False makes every communication free.
+        waves: expert waves per MoE block.
+        graph: the task graph being built.
+        chunk: the chunk cost of each stage.
+        held: the chunks each rank holds.
+        first, last: the first task of each action (its dependencies attach there) and the task
+            whose end means it is done.
+        bucket_after: for each action that completes a stage's weight gradients, the task after
+            which each of its gradient buckets is ready.
+        dp_tasks: each rank's gradient-reduction tasks (its optimizer waits for them).
+        tp_cache: (stage, kind, rank) -> seconds and ports of the action's TP collectives.
+    """
+
+    schedule: Schedule
+    costs: StageCosts
+    topology: Topology
+    comm: bool
+    waves: int
+    graph: TaskGraph
+    chunk: list[ChunkCost]
+    held: list[set[int]]
+    first: dict[Action, Task] = field(default_factory=dict)
+    last: dict[Action, Task] = field(default_factory=dict)
+    bucket_after: dict[Action, list[Task]] = field(default_factory=dict)
+    dp_tasks: dict[int, list[Task]] = field(default_factory=dict)
+    tp_cache: dict[tuple, tuple[float, tuple[str, ...]]] = field(default_factory=dict)
+
+    @property
+    def training(self) -> bool:
+        """Whether the step has a backward (not ``forward_only``)."""
+        return not self.topology.parallel.forward_only

@@ -1,0 +1,83 @@
+"""A hand-built Schedule + StageCosts lowers to an exact task graph: tasks, streams, durations,
+dependencies, bytes, ports and memory deltas, written out by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from simtrain.costs import ChunkCost, StageCosts
+from simtrain.hardware import load_profile
+from simtrain.lowering import lower
+from simtrain.network import Collective, Topology
+from simtrain.parallel import ParallelConfig
+from simtrain.schedules.ir import Schedule, parse_action
+
+
+def _chunk(c: int) -> ChunkCost:
+    return ChunkCost(
+        chunk=c, layers=(c,), has_embedding=c == 0, has_head=c == 1, forward_s=1.0, backward_input_s=2.0,
+        backward_weight_s=0.5, forward_flops=0.0, backward_input_flops=0.0, backward_weight_flops=0.0,
+        activation_bytes=100.0, weight_grad_bytes=30.0, p2p_bytes=1000.0, params=10.0,
+        tp_forward=(Collective("all-reduce", "tp", 4.0),), tp_backward=(Collective("all-reduce", "tp", 8.0),),
+    )
+
+
+def _graph():
+    # links of 1 B/s (peer: 1000 B/s), no latency: a ring all-reduce of M bytes over 2 GPUs takes
+    # 2 x 1/2 x M = M seconds, a p2p of 1000 bytes 1 second
+    hw = load_profile("h100-sxm")
+    hw = dataclasses.replace(hw, intra_node=dataclasses.replace(
+        hw.intra_node, latency_s=0.0, efficiency=1.0, bandwidth_bytes_per_s=1.0, peer_bandwidth_bytes_per_s=1000.0))
+    parallel = ParallelConfig(tp=2, pp=2, dp=2, dp_buckets=2, microbatches=1)
+    schedule = Schedule("hand", 1, (0, 1), tuple(tuple(parse_action(a) for a in o.split())
+                                                 for o in ("0F0 0B0", "1F0 1B0")))
+    schedule.validate()
+    costs = StageCosts(chunks=(_chunk(0), _chunk(1)), static_bytes_per_param=16.0, grad_bytes_per_param=2.0,
+                       optimizer_s_per_param=0.0, tokens_per_microbatch=1)
+    return lower(schedule, costs, Topology(hw, parallel))
+
+
+def test_a_hand_built_schedule_lowers_to_the_exact_graph():
+    graph = _graph()
+    assert graph.static_memory_bytes == [160.0, 160.0]
+    nv0, nv1 = ("nvlink:0:out", "nvlink:0:in"), ("nvlink:1:out", "nvlink:1:in")
+    # (name, rank, stream, duration_s, deps, nbytes, resources, mem_start, mem_end), in creation order
+    expected = [
+        ("0F0", 0, "compute", 1.0, [], 0.0, (), [(0, 100.0)], []),  # 0
+        ("tp 0F0", 0, "tp", 4.0, [0], 0.0, nv0, [], []),  # 1
+        ("0B0", 0, "compute", 1.25, [1, 1, 10], 0.0, (), [], []),  # 2: B cut into 2 DP buckets
+        ("0B0", 0, "compute", 1.25, [2], 0.0, (), [], [(0, -100.0)]),  # 3
+        ("tp 0B0", 0, "tp", 8.0, [3], 0.0, nv0, [], []),  # 4
+        ("1F0", 1, "compute", 1.0, [11], 0.0, (), [(1, 100.0)], []),  # 5
+        ("tp 1F0", 1, "tp", 4.0, [5], 0.0, nv1, [], []),  # 6
+        ("1B0", 1, "compute", 1.25, [6, 6], 0.0, (), [], []),  # 7
+        ("1B0", 1, "compute", 1.25, [7], 0.0, (), [], [(1, -100.0)]),  # 8
+        ("tp 1B0", 1, "tp", 8.0, [8], 0.0, nv1, [], []),  # 9
+        ("p2p 1B0 -> 0B0", 1, None, 1.0, [9], 1000.0, ("nvlink:1:out", "nvlink:0:in"), [], []),  # 10
+        ("p2p 0F0 -> 1F0", 0, None, 1.0, [1], 1000.0, ("nvlink:0:out", "nvlink:1:in"), [], []),  # 11
+        # gradient buckets: 10 params x 2 bytes / 2 buckets = 10 bytes, all-reduced over 2 replicas
+        ("dp grad stage 0 bucket 0", 0, "dp", 10.0, [2], 10.0, nv0, [], []),
+        ("dp grad stage 0 bucket 1", 0, "dp", 10.0, [3], 10.0, nv0, [], []),
+        ("dp grad stage 1 bucket 0", 1, "dp", 10.0, [7], 10.0, nv1, [], []),
+        ("dp grad stage 1 bucket 1", 1, "dp", 10.0, [8], 10.0, nv1, [], []),
+    ]
+    got = [(t.name, t.rank, t.stream, t.duration_s, t.deps, t.nbytes, tuple(t.resources), t.mem_start, t.mem_end)
+           for t in graph.tasks]
+    assert got == expected
+
+
+def test_memory_returns_to_static_and_every_action_is_lowered_once():
+    graph = _graph()
+    for rank in (0, 1):
+        deltas = [d for t in graph.tasks for d in t.mem_start + t.mem_end if d[0] == rank]
+        assert sum(b for _, b in deltas) == 0.0
+    compute = sorted({t.name for t in graph.tasks if t.stream == "compute"})
+    assert compute == ["0B0", "0F0", "1B0", "1F0"]
+
+
+def test_action_kinds_keep_the_torch_text_form():
+    from simtrain.schedules import ActionKind
+
+    a = parse_action("2I3")
+    assert a.kind == ActionKind.BACKWARD_INPUT and str(a) == "2I3"
+    assert [k.value for k in ActionKind] == ["F", "B", "I", "W"]

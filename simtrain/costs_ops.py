@@ -41,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .costs import StageCosts, _linear_layers
+from .costs import StageCosts
+from .costs.layers import linear_layers
 from .errors import SimtrainError, load_yaml_file
 from .hardware import TFLOPS, HardwareProfile
 from .models import ModelSpec
@@ -314,7 +315,7 @@ def _layer_ops(ctx: _Ctx, layer: int) -> list[OpCost]:
     """Every operator of transformer ``layer`` for one microbatch on one TP rank."""
     m, tp, e = ctx.model, ctx.parallel.tp, ctx.elem
     h = m.hidden_size
-    gemms = _linear_layers(m, layer)
+    gemms = linear_layers(m, layer)
     names = (["q_down", "q_up", "kv_down", "kv_up", "attn_out"] if m.mla is not None else ["qkv", "attn_out"])
     names += (["router"] if m.is_moe_layer(layer) else []) + ["ffn_up", "ffn_down"]
     ops = []

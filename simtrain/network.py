@@ -96,18 +96,6 @@ class A2APart:
         return self.latency_s + self.transfer_s / waves
 
 
-def parse_port(name: str) -> tuple[str, int, str] | None:
-    """Split an engine port name ``"<link>:<rank>:<out|in>"`` (see :class:`Topology`).
-
-    Returns:
-        ``(link, rank, direction)``, e.g. ``("nic", 3, "out")``, or None for any other resource name.
-    """
-    parts = name.split(":")
-    if len(parts) == 3 and parts[1].isdigit():
-        return parts[0], int(parts[1]), parts[2]
-    return None
-
-
 @dataclass(frozen=True)
 class Route:
     """A link class and the bandwidth one GPU gets on it, plus the engine resources it occupies.

@@ -141,7 +141,7 @@ def run_schedule(
         comm: False makes communication free.
         waved_ep: run MoE layers with Waved-EP (implied by a ``+waved-ep`` name).
         runtime: adjusts the costs to a particular runtime before lowering (e.g. how torch
-            splits a backward, :func:`simtrain.calibration.validate.torch_runtime_costs`).
+            splits a backward, :func:`simtrain.calibration.predict.torch_runtime_costs`).
 
     Returns:
         The :class:`ScheduleRun`.

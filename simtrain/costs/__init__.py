@@ -19,7 +19,8 @@ full backward B; and I and W as the runtime splits the backward, which may cost 
 Activation memory (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models", §4): the tensors each layer stores for its backward, counted element by
 element so that GPT-3 reproduces the paper's ``sbh(34 + 5as/h)`` bytes per layer; divided by tp
-under sequence parallelism. ``selective`` recomputation drops the ``5as/h`` attention-score term,
+under sequence parallelism, else all but the norm and first-GEMM inputs and dropout masks
+(§4.2.1: ``sbh(10 + 24/t + 5as/(ht))``). ``selective`` recomputation drops the ``5as/h`` term,
 ``full`` stores only the layer input (``2sbh``). Memory that W still needs after I (Zero Bubble
 Table 1, ``M_W`` = 32sbh for GPT): the input of every linear layer plus the gradient of its output.
 

@@ -19,6 +19,7 @@ class LayerShape:
     score_bytes: float  # attention-score bytes per token (dropped by selective recomputation)
     w_bytes: float  # bytes per token that W needs after I
     input_bytes: float  # layer input bytes per token (what full recomputation stores)
+    shared_bytes: float  # of act_bytes x tp: what every TP rank stores whole without sequence parallelism
     ew_forward: dict[str, float]  # bytes per token memory-bound kernels move in F, per class
     ew_backward: dict[str, float]  # ... and in I (W runs GEMMs only)
 
@@ -98,6 +99,8 @@ def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int) 
     # norms (F: x -> y; backward: x, dy -> dx), the FFN activation (GeLU F: 1 + 1, backward:
     # 2 + 1; SwiGLU F: 2 + 1, backward: 3 + 2) over every token's expert widths, and two residual
     # adds (F: 2 reads, 1 write; backward: the two gradient branches summed).
+    # replicated without sequence parallelism: norm and first-GEMM inputs, dropout masks (§4.2.1)
+    shared = norms + 2 * h * elem + 2 * mask * h
     width = _ffn_width(model, layer)
     act_f, act_b = (3 * width, 5 * width) if model.activation == "swiglu" else (2 * width, 3 * width)
     return LayerShape(
@@ -107,6 +110,7 @@ def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int) 
         score_bytes=scores / tp,
         w_bytes=w_bytes / tp,
         input_bytes=h * elem / tp,
+        shared_bytes=shared,
         ew_forward=dict(norm=4 * h * elem / tp, activation=act_f * elem / tp, add=6 * h * elem / tp),
         ew_backward=dict(norm=6 * h * elem / tp, activation=act_b * elem / tp, add=6 * h * elem / tp),
     )

@@ -98,9 +98,12 @@ def layer_terms(st: _Setting, layer: int) -> LayerTerms:
     attn_f = ls.attn_flops * tokens / st.attn_f_rate
     ew_f = elementwise_s({k: v * tokens for k, v in ls.ew_forward.items()}, st.hardware)
     ew_b = elementwise_s({k: v * tokens for k, v in ls.ew_backward.items()}, st.hardware)
-    stored = ls.act_bytes + (ls.score_bytes if parallel.recompute == "none" else 0.0)
+    # without sequence parallelism the shared bytes are whole on every TP rank, the rest split by tp
+    replicated = 0.0 if parallel.sequence_parallel else 1.0 - 1.0 / tp
+    stored = ls.act_bytes + ls.shared_bytes * replicated + (ls.score_bytes if parallel.recompute == "none" else 0.0)
     if parallel.recompute == "full":
-        act, recompute = ls.input_bytes * tokens, gf + attn_f + ew_f
+        act = ls.input_bytes * (1 if parallel.sequence_parallel else tp) * tokens
+        recompute = gf + attn_f + ew_f
     else:
         act, recompute = stored * tokens, (attn_f if parallel.recompute == "selective" else 0.0)
     params, experts = gpu_layer_params(model, layer, parallel)
@@ -168,8 +171,6 @@ def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
     sums = _Sums()
     for layer in layers:
         sums.add(layer, layer_terms(st, layer))
-    if not parallel.sequence_parallel and tp > 1:
-        sums.act *= tp  # activations replicated across the TP group
     if has_emb:
         sums.params += model.embedding_params() / tp
     if has_head:

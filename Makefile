@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test dashboards browser clean
+.PHONY: demo test dashboards browser mutation clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,18 @@ demo: $(VENV)/.core
 test: $(VENV)/.test browser
 	$(BIN)/python -m pytest -q
 
+# Mutation testing of the core modules (slow: not part of `make test` or CI). MUTANTS narrows it to
+# mutant names matching a glob, e.g. make mutation MUTANTS='simtrain.network*'. Survivors: see
+# README, "Development notes".
+MUTANTS ?=
+$(VENV)/.mutation: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test,mutation]'
+	touch $@
+
+mutation: $(VENV)/.mutation
+	$(BIN)/mutmut run $(if $(MUTANTS),"$(MUTANTS)")
+	$(BIN)/mutmut results
+
 # Headless Chromium + chromedriver for tests/test_browser.py (installed only when missing).
 browser:
 	sh scripts/ensure-chromium.sh
@@ -37,4 +49,4 @@ dashboards: $(VENV)/.core
 	done
 
 clean:
-	rm -rf $(VENV) dashboards/*.html
+	rm -rf $(VENV) dashboards/*.html mutants

@@ -146,9 +146,9 @@ def test_memory_changes_when_its_task_starts_or_ends(schedule):
     acts = t[t["kind"].isin(["F", "B", "I", "W"])].groupby(["rank", "stage", "microbatch", "kind"])
     start, end = acts["start_s"].min(), acts["end_s"].max()
     expected = Counter()
-    for (rank, stage, _, kind), s0 in start.items():
-        c = chunk[run.schedule.chunk_of(int(stage))]
-        e0 = end[(rank, stage, _, kind)]
+    for key, s0 in start.items():
+        rank, stage, _, kind = key
+        c, e0 = chunk[run.schedule.chunk_of(int(stage))], end[key]
         delta = {"F": (s0, c.activation_bytes), "B": (e0, -c.activation_bytes),
                  "I": (e0, c.weight_grad_bytes - c.activation_bytes), "W": (e0, -c.weight_grad_bytes)}[kind]
         expected[(int(rank), delta[0], round(delta[1]))] += 1

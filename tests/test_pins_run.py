@@ -74,6 +74,17 @@ def test_mfu_by_hand_end_to_end():
     assert r.mfu == pytest.approx(flops / (r.step_time_s * tp * pp * H100.peak_flops["bf16"]), rel=1e-12)
 
 
+def test_forward_only_mfu_by_hand():
+    model = tiny_model(layers=4, activation="gelu")
+    dp, pp, m, b, s, h, v, layers = 2, 2, 4, 2, 128, 256, 1000, 4
+    run = _run("1f1b", model=model, pp=pp, dp=dp, microbatches=m, microbatch_size=b, forward_only=True)
+    # the forward third of Narayanan et al. 2021 eq. (3): per token L(24h² + 4sh) + 2hV
+    flops = m * b * s * (layers * (24 * h**2 + 4 * s * h) + 2 * h * v)
+    r = run.report
+    assert r.model_flops == pytest.approx(dp * flops, rel=1e-12)
+    assert r.mfu == pytest.approx(flops / (r.step_time_s * pp * H100.peak_flops["bf16"]), rel=1e-12)
+
+
 def test_bubble_ratio_is_the_mean_over_uneven_ranks():
     run = _run("1f1b", pp=4, microbatches=8)  # real costs: the last stage holds the LM head
     r, t = run.report, run.result.trace

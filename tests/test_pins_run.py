@@ -170,3 +170,23 @@ def test_memory_changes_when_its_task_starts_or_ends(schedule):
         for i in range(1, len(rows)):
             seen[(int(rank), rows["time_s"].iloc[i], round(rows["bytes"].iloc[i] - rows["bytes"].iloc[i - 1]))] += 1
     assert seen == expected
+
+
+@pytest.mark.parametrize("profile, tp, link", [("mi300x", 1, "nvlink"), ("h100-sxm", 8, "nic")])
+def test_p2p_holds_sender_out_and_receiver_in_at_the_per_peer_bandwidth(profile, tp, link):
+    """MI300X's mesh gives one peer less than the GPU's total bandwidth; with tp 8 the two stages sit
+    on two H100 nodes and a message gets the GPU's share of the node's NICs."""
+    hw = load_profile(profile)
+    model = tiny_model(layers=4, num_heads=8)
+    run = run_schedule("gpipe", model, hw, ParallelConfig(pp=2, tp=tp, microbatches=1), op_times=(1.0, 1.0, 1.0))
+    p2p = run.result.trace[run.result.trace["kind"] == "p2p"]
+    if link == "nvlink":
+        ln, bw = hw.intra_node, hw.intra_node.peer_bandwidth_bytes_per_s
+        assert bw < hw.intra_node.bandwidth_bytes_per_s
+    else:
+        ln = hw.inter_node
+        bw = ln.bandwidth_bytes_per_s * ln.nics_per_node / hw.gpus_per_node
+    nbytes = 128 * 256 * 2 / tp  # s·b·h bf16, sharded by sequence parallelism
+    assert p2p["resources"].tolist() == [f"{link}:0:out,{link}:1:in", f"{link}:1:out,{link}:0:in"]
+    assert (p2p["end_s"] - p2p["start_s"]).tolist() == pytest.approx(
+        [ln.latency_s + nbytes / (bw * ln.efficiency)] * 2, rel=1e-12)

@@ -25,9 +25,11 @@ def _ring_rs(nbytes: float, n: int) -> float:
     return (n - 1) * NVLINK.latency_s + (n - 1) / n * nbytes / (NVLINK.bandwidth_bytes_per_s * NVLINK.efficiency)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def dp_run():
-    """1F1B, pp 2, dp 2, tp 1, m 4, b 2, real costs and communication (all GPUs in one node)."""
+    """1F1B, pp 2, dp 2, tp 1, m 4, b 2, real costs and communication (all GPUs in one node).
+
+    Function-scoped on purpose: mutmut credits code a cached fixture runs to the first test only."""
     return _run("1f1b", pp=2, dp=2, microbatches=4, microbatch_size=2)
 
 
@@ -54,6 +56,17 @@ def test_dp_bucket_is_a_ring_all_reduce_written_out(dp_run):
             expected = 2 * (n - 1) * NVLINK.latency_s + 2 * (n - 1) / n * m / (
                 NVLINK.bandwidth_bytes_per_s * NVLINK.efficiency)
             assert row["end_s"] - row["start_s"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_zero1_parameter_all_gather_route_and_time_written_out():
+    """ZeRO-1, pp 2, dp 4, tp 1: rank 1's DP group is GPUs 1, 3, 5, 7 (one node: NVLink)."""
+    run = _run("1f1b", pp=2, dp=4, microbatches=4, zero_stage=1)
+    t = run.result.trace
+    gather = t[(t["rank"] == 1) & (t["name"] == "dp param all-gather")]
+    m, n = run.costs.chunks[1].params * 2, 4  # bf16 parameters of the chunk
+    assert gather["resources"].tolist() == ["nvlink:1:out,nvlink:1:in"]
+    expected = (n - 1) * NVLINK.latency_s + (n - 1) / n * m / (NVLINK.bandwidth_bytes_per_s * NVLINK.efficiency)
+    assert (gather["end_s"] - gather["start_s"]).tolist() == pytest.approx([expected], rel=1e-9)
 
 
 def test_tokens_per_second_counts_every_replica(dp_run):

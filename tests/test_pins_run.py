@@ -141,6 +141,7 @@ def test_every_f_and_i_carries_its_tp_collective(schedule):
             assert mine.empty
             continue
         assert len(mine) == 1 and mine["rank"].iloc[0] == row.rank
+        assert mine["resources"].iloc[0] == f"nvlink:{row.rank}:out,nvlink:{row.rank}:in"  # a node's TP group
         assert mine["start_s"].iloc[0] >= row.end_s - 1e-15
         n = layers[run.schedule.chunk_of(int(row.stage))]
         assert mine["end_s"].iloc[0] - mine["start_s"].iloc[0] == pytest.approx(n * per_layer, rel=1e-9)

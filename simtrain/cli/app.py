@@ -10,6 +10,7 @@ import functools
 import sys
 import warnings
 from collections.abc import Callable
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -25,6 +26,20 @@ app = typer.Typer(
 )
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"simtrain {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="print simtrain's version and exit")] = False) -> None:
+    """Simulate pipeline-parallel training schedules on real models and hardware."""
 
 
 def _print_warnings(caught: list[warnings.WarningMessage]) -> None:

@@ -14,7 +14,7 @@ from rich.table import Table
 from ..calibration.commands import calibrate, validate
 from ..errors import SimtrainError
 from ..export import check_output_path, write_output
-from ..hardware import GB, GiB, TFLOPS, available_profiles, load_profile
+from ..hardware import GB, GiB, TFLOPS, load_profile, profile_files
 from ..measured import read_torch_trace
 from ..models import available_models, load_model
 from ..overlay import action_differences, measured_op_times, overlay_summary, schedule_from_measured
@@ -111,15 +111,17 @@ def overlay(
 
 @app.command()
 @user_errors
-def profiles() -> None:
-    """List the hardware profiles shipped in hardware_profiles/."""
+def profiles(
+    paths: Annotated[Optional[list[Path]], typer.Argument(help="your own profile files or folders to list too")] = None,
+) -> None:
+    """List the built-in hardware profiles, then yours (./hardware_profiles/ and PATHS)."""
     table = Table(title="hardware profiles")
-    for col in ("name", "GPU", "bf16 TFLOP/s", "HBM GiB", "HBM TB/s", "GPUs/node", "intra GB/s/dir", "inter GB/s/dir/NIC"):
+    for col in ("name", "where", "GPU", "bf16 TFLOP/s", "HBM GiB", "HBM TB/s", "GPUs/node", "intra GB/s/dir", "inter GB/s/dir/NIC"):
         table.add_column(col)
-    for name in available_profiles():
-        p = load_profile(name)
+    for name, path, built_in in profile_files(paths or []):
+        p = load_profile(path)
         table.add_row(
-            name, p.description.split(",")[0], f"{p.peak_flops.get('bf16', 0) / TFLOPS:.0f}",
+            name, "built-in" if built_in else str(path), p.description.split(",")[0], f"{p.peak_flops.get('bf16', 0) / TFLOPS:.0f}",
             f"{p.hbm_bytes / GiB:.0f}", f"{p.hbm_bandwidth_bytes_per_s / 1e12:.2f}", str(p.gpus_per_node),
             f"{p.intra_node.bandwidth_bytes_per_s / GB:.0f}", f"{p.inter_node.bandwidth_bytes_per_s / GB:.0f}",
         )

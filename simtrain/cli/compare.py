@@ -31,7 +31,7 @@ from .settings import Settings, fit_to_file, load_settings, parallel_from
 @app.command()
 @user_errors
 def compare(
-    scenario: Annotated[Optional[Path], typer.Argument(help="scenario YAML (default: dashboards/default.yaml)")] = None,
+    scenario: Annotated[Optional[Path], typer.Argument(help="scenario YAML, or a built-in scenario name (default: 'default')")] = None,
     model: Annotated[Optional[str], typer.Option(help="model preset name or YAML file")] = None,
     hardware: Annotated[Optional[str], typer.Option(help="hardware profile name or YAML file")] = None,
     pp: Annotated[Optional[int], typer.Option(help="pipeline-parallel ranks")] = None,

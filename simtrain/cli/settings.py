@@ -62,7 +62,7 @@ class Settings:
 
 def load_settings(scenario: Path | None, model: str | None, hardware: str | None, overrides: dict,
               op_times: str | None, no_comm: bool) -> Settings:
-    """Merge the scenario file (default: dashboards/default.yaml) with the flags; validate all."""
+    """Merge the scenario file (default: the built-in scenario 'default') with the flags; validate all."""
     flags_only = scenario is None and model is not None  # --hardware alone: the default scenario on it
     if flags_only:
         if hardware is None:

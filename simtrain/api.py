@@ -94,6 +94,19 @@ class Comparison(list):
         rows = [{k: v for k, v in r.to_row().items() if not isinstance(v, (list, dict))} for r in self]
         return pd.DataFrame(rows)
 
+    def write_html(self, path: str | Path, title: str = "simtrain comparison") -> Path:
+        """Write the comparison dashboard (the page ``simtrain compare --out`` writes: summary,
+        bars, and per schedule a timeline, memory and link use; self-contained, opens offline).
+
+        Returns:
+            The path written.
+        """
+        from .viz import Panel, write_dashboard
+
+        path = Path(path)
+        write_dashboard(path, [Panel(r.run.report, r.trace, r.memory) for r in self], title)
+        return path
+
     def _repr_html_(self) -> str:
         """The summary table of every schedule, then each timeline."""
         from .viz import summary_table_html, timeline_figure

@@ -1,8 +1,9 @@
 """Model specs: transformer shapes (dense or Mixture-of-Experts) and their parameter counts.
 
-Presets live in ``simtrain/model_presets/<name>.yaml``; any YAML file of the same schema works too.
+Presets live in ``simtrain/model_presets/<name>.yaml``; any YAML file of the same schema works too,
+and so does a HuggingFace ``config.json`` (mapped by :mod:`simtrain.importers.hf`).
 Each preset states its source and the parameter counts its authors published, so a test can check
-that :meth:`ModelSpec.total_params` agrees with them.
+that :attr:`ModelSpec.total_params` agrees with them.
 
 Parameter counting follows the architecture literally: every weight matrix, bias and norm; the
 input embedding, learned position embedding (GPT-3) and, unless tied, the output (LM head) matrix.
@@ -67,6 +68,8 @@ class ModelSpec(_Strict):
         activation: ``gelu`` (2 FFN matrices) or ``swiglu`` (3 FFN matrices).
         norm: ``layernorm`` (weight + bias) or ``rmsnorm`` (weight).
         bias: linear layers carry biases (GPT-3).
+        qkv_bias: only the query/key/value projections carry biases (Qwen2).
+        qk_norm: an RMSNorm over head_dim on queries and on keys (Qwen3; 2 x head_dim weights).
         learned_positions: a learned position embedding of seq_len x h (GPT-3).
         tied_embeddings: the LM head reuses the input embedding.
         dropout: the model trains with dropout (adds dropout masks to stored activations).
@@ -89,6 +92,8 @@ class ModelSpec(_Strict):
     activation: Literal["gelu", "swiglu"] = "swiglu"
     norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
     bias: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
     learned_positions: bool = False
     tied_embeddings: bool = False
     dropout: bool = False
@@ -170,7 +175,8 @@ class ModelSpec(_Strict):
             )
         q = self.num_heads * self.q_head_dim
         kv = self.kv_heads * self.q_head_dim + self.kv_heads * self.v_head_dim
-        return self.linear_params(h, q + kv) + self.linear_params(self.num_heads * self.v_head_dim, h)
+        extra = (q + kv if self.qkv_bias and not self.bias else 0) + (2 * self.q_head_dim if self.qk_norm else 0)
+        return self.linear_params(h, q + kv) + self.linear_params(self.num_heads * self.v_head_dim, h) + extra
 
     def ffn_params(self, width: int) -> int:
         """Parameters of one dense FFN (or one expert) of intermediate ``width``."""
@@ -209,6 +215,7 @@ class ModelSpec(_Strict):
         head = 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
         return self.norm_params(self.hidden_size) + head
 
+    @property
     def total_params(self) -> int:
         """All parameters of the model."""
         return (
@@ -217,7 +224,8 @@ class ModelSpec(_Strict):
             + self.head_params()
         )
 
-    def active_params(self) -> int:
+    @property
+    def activated_params(self) -> int:
         """Parameters a token passes through (MoE: top_k routed + shared experts); = total if dense."""
         return (
             self.embedding_params()
@@ -233,13 +241,19 @@ def available_models() -> list[str]:
 
 
 def load_model(name_or_path: str | Path) -> ModelSpec:
-    """Load a model preset by name or a model spec YAML file by path.
+    """Load a model preset by name, a model spec YAML file by path, or a HuggingFace
+    ``config.json`` (any ``.json`` file; see :func:`simtrain.importers.hf.load_hf_config`).
 
     Raises:
-        SimtrainError: unknown name, missing file, malformed YAML, or an invalid field.
+        SimtrainError: unknown name, missing file, malformed YAML/JSON, an invalid field, or an
+            HF ``model_type`` that is not mapped.
     """
     text = str(name_or_path)
     candidate = Path(text)
+    if candidate.suffix == ".json":
+        from .importers.hf import load_hf_config
+
+        return load_hf_config(candidate)
     if candidate.suffix in (".yaml", ".yml") or candidate.exists():
         path = candidate
     else:

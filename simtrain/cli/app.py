@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..errors import SimtrainError
+from ..errors import ConfigWarning, SimtrainError
 from ..schedules import ScheduleWarning
 
 app = typer.Typer(
@@ -43,9 +43,9 @@ def _root(version: Annotated[bool, typer.Option(
 
 
 def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
-    """Print schedule warnings as ``warning: ...`` lines on stderr; pass other warnings on."""
+    """Print schedule and config warnings as ``warning: ...`` lines on stderr; pass others on."""
     for w in caught:
-        if issubclass(w.category, ScheduleWarning):
+        if issubclass(w.category, (ScheduleWarning, ConfigWarning)):
             err.print(f"warning: {w.message}", markup=False, highlight=False, soft_wrap=True)
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
@@ -59,6 +59,7 @@ def user_errors(command: Callable[..., None]) -> Callable[..., None]:
     def wrapper(*args, **kwargs) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ScheduleWarning)
+            warnings.simplefilter("always", ConfigWarning)
             try:
                 command(*args, **kwargs)
             except SimtrainError as exc:

@@ -142,7 +142,7 @@ def models() -> None:
             published += f" / {m.published_active_params / 1e9:.1f}B active"
         table.add_row(
             name, str(m.num_layers), str(m.hidden_size), f"{m.num_heads}/{m.kv_heads}", str(m.vocab_size),
-            str(m.seq_len), f"{m.total_params() / 1e9:.2f}B", f"{m.active_params() / 1e9:.2f}B", published,
+            str(m.seq_len), f"{m.total_params / 1e9:.2f}B", f"{m.activated_params / 1e9:.2f}B", published,
         )
     out.print(table)
 

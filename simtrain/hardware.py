@@ -49,7 +49,12 @@ class _Strict(NumbersNotBooleans):
 
 
 class IntraNodeLinkFile(_Strict):
-    """``intra_node:`` section: the scale-up link inside a node (NVLink, Infinity Fabric)."""
+    """``intra_node:`` section: the scale-up link inside a node (NVLink, Infinity Fabric).
+
+    Attributes:
+        name: the link's name (``NVLink 4``).
+        latency_us: one-way latency of a message.
+    """
 
     name: str
     bandwidth_gb_per_s: float = Field(gt=0, description="per GPU, per direction, to the switch")
@@ -60,7 +65,13 @@ class IntraNodeLinkFile(_Strict):
 
 
 class InterNodeLinkFile(_Strict):
-    """``inter_node:`` section: the scale-out network (InfiniBand, RoCE)."""
+    """``inter_node:`` section: the scale-out network (InfiniBand, RoCE).
+
+    Attributes:
+        name: the network's name (``InfiniBand NDR``).
+        nics_per_node: NICs of one node.
+        latency_us: one-way latency of a message.
+    """
 
     name: str
     bandwidth_gb_per_s: float = Field(gt=0, description="per NIC, per direction")
@@ -157,7 +168,23 @@ class ComputeFile(_Strict):
 
 
 class ProfileFile(_Strict):
-    """The schema of a hardware profile YAML file (units in field names)."""
+    """The schema of a hardware profile YAML file (units in field names).
+
+    Attributes:
+        name: the profile's name (file stem by convention).
+        description: GPU and node in words; the first comma-separated part is the GPU.
+        source: datasheets and measurements the numbers come from.
+        peak_tflops: dense tensor-core peak per dtype (no sparsity), from the datasheet.
+        hbm_gib: HBM capacity per GPU.
+        hbm_tb_per_s: HBM bandwidth per GPU.
+        gpus_per_node: GPUs of one node (one scale-up domain).
+        intra_node: the scale-up link.
+        inter_node: the scale-out network.
+        efficiency: achieved fractions of peak (replaced by calibration).
+        overlap: how an overlapped F&B pair runs.
+        compute: measured kernel rates and overheads (``simtrain calibrate`` writes it).
+        calibration: provenance of a calibrated profile (free-form, written by ``simtrain calibrate``).
+    """
 
     name: str
     description: str

@@ -27,7 +27,15 @@ class _Strict(NumbersNotBooleans):
 
 
 class MLASpec(_Strict):
-    """Multi-head latent attention (DeepSeek-V2/V3 §2.1.1): low-rank compressed Q and KV."""
+    """Multi-head latent attention (DeepSeek-V2/V3 §2.1.1): low-rank compressed Q and KV.
+
+    Attributes:
+        q_lora_rank: query compression width d_c' (1536 in DeepSeek-V3).
+        kv_lora_rank: key/value compression width d_c (512).
+        qk_nope_head_dim: per-head query/key width without RoPE d_h (128).
+        qk_rope_head_dim: per-head decoupled RoPE query/key width d_h^R (64).
+        v_head_dim: per-head value width (128).
+    """
 
     q_lora_rank: int = Field(ge=1)
     kv_lora_rank: int = Field(ge=1)
@@ -41,6 +49,14 @@ class MoESpec(_Strict):
 
     ``first_dense_layers`` leading layers keep a dense FFN of ``ModelSpec.ffn_hidden_size``
     (DeepSeek-V3: 3); every other layer is an MoE layer.
+
+    Attributes:
+        num_experts: routed experts per MoE layer.
+        top_k: routed experts each token is sent to.
+        expert_ffn_hidden_size: FFN width of one expert (routed or shared).
+        num_shared_experts: experts every token passes through.
+        first_dense_layers: leading layers with a dense FFN.
+        router_bias: the router carries a per-expert bias (DeepSeek-V3's auxiliary-loss-free balancing).
     """
 
     num_experts: int = Field(ge=1)
@@ -62,9 +78,14 @@ class ModelSpec(_Strict):
 
     Attributes (all counts, no units):
         name, description, source: identification; ``source`` cites the published shape.
-        num_layers, hidden_size (h), ffn_hidden_size (dense FFN width f), num_heads (a),
-        num_kv_heads (GQA; defaults to num_heads), head_dim (defaults to h / a), vocab_size (V),
-        seq_len (default training sequence length, tokens).
+        num_layers: transformer layers.
+        hidden_size: model width h.
+        ffn_hidden_size: dense FFN width f.
+        num_heads: attention heads a.
+        num_kv_heads: key/value heads (GQA); defaults to num_heads.
+        head_dim: per-head width; defaults to h / a.
+        vocab_size: vocabulary size V.
+        seq_len: default training sequence length, tokens.
         activation: ``gelu`` (2 FFN matrices) or ``swiglu`` (3 FFN matrices).
         norm: ``layernorm`` (weight + bias) or ``rmsnorm`` (weight).
         bias: linear layers carry biases (GPT-3).
@@ -73,9 +94,9 @@ class ModelSpec(_Strict):
         learned_positions: a learned position embedding of seq_len x h (GPT-3).
         tied_embeddings: the LM head reuses the input embedding.
         dropout: the model trains with dropout (adds dropout masks to stored activations).
-        mla: multi-head latent attention instead of standard attention (DeepSeek).
+        mla: multi-head latent attention instead of standard attention (DeepSeek), see MLASpec.
         moe: the MoE FFN, if any.
-        published_total_params / published_active_params: the authors' figures, for tests.
+        published_total_params, published_active_params: the authors' figures, for tests.
     """
 
     name: str

@@ -147,6 +147,23 @@ def models() -> None:
     out.print(table)
 
 
+@app.command()
+@user_errors
+def schema(
+    kind: Annotated[Optional[str], typer.Argument(help="model, hardware or scenario")] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="print the field reference of every kind (Markdown)")] = False,
+) -> None:
+    """Print the JSON Schema of a model, hardware profile or scenario file (from its pydantic model)."""
+    from ..schema import SCHEMAS, json_schema, markdown_reference
+
+    if markdown:
+        print(markdown_reference())
+        return
+    if kind not in SCHEMAS:
+        raise SimtrainError(f"schema: kind = {kind!r}: choose one of {sorted(SCHEMAS)} (or --markdown)")
+    print(json.dumps(json_schema(kind), indent=2))
+
+
 # torch-based commands (the optional `calibrate` extra; torch is imported only when they run)
 app.command()(user_errors(calibrate))
 app.command()(user_errors(validate))

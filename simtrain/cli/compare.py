@@ -16,6 +16,7 @@ from ..engine import DeadlockError
 from ..errors import SimtrainError
 from ..export import check_output_path, write_chrome_trace, write_output, write_trace_csv
 from ..hardware import GiB, HardwareProfile
+from ..importers import read_job
 from ..metrics import Report
 from ..models import ModelSpec
 from ..parallel import ParallelConfig
@@ -67,16 +68,23 @@ def compare(
         "--trace", help="write a Chrome/Perfetto trace-event JSON file (a process per rank, a thread per stream)")] = None,
     csv_path: Annotated[Optional[Path], typer.Option("--csv", help="write the trace table as CSV")] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite output files that simtrain did not write")] = False,
+    from_megatron: Annotated[Optional[Path], typer.Option(
+        help="take model and parallel settings from a Megatron-LM argument list (ARGS.txt or launch script)")] = None,
+    from_torchtitan: Annotated[Optional[Path], typer.Option(
+        help="take model and parallel settings from a torchtitan job file (JOB.toml)")] = None,
 ) -> None:
     """Simulate one training step for each schedule and compare them (table + HTML dashboard)."""
     overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
                      seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
                      a2a_links=a2a_links, forward_only=True if forward_only else None)
-    st = load_settings(scenario, model, hardware, overrides, op_times, no_comm)
+    job = read_job(from_megatron, from_torchtitan, dp)
+    for line in job.summary() if job else []:
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+    st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)
     plan = _plan_compare(st, schedules, schedule_file, sweep, pp, microbatches)
     inputs = [p for p in (scenario, Path(model) if model else None, Path(hardware) if hardware else None,
-                          schedule_file) if p]
+                          schedule_file, from_megatron, from_torchtitan) if p]
     outputs = _check_outputs(st, out_path, as_json, trace_path, csv_path, inputs, force)
     plan = _at_sweep_point(st, plan)
     runs, sweep_rows = _run_compare(st, plan)

@@ -65,7 +65,8 @@ def compare(
     sweep: Annotated[Optional[str], typer.Option(
         help="sweep one setting, e.g. microbatches=8,16,32,64 (also pp=, vp=, tp=, dp=, microbatch_size=)")] = None,
     trace_path: Annotated[Optional[Path], typer.Option(
-        "--trace", help="write a Chrome/Perfetto trace-event JSON file (a process per rank, a thread per stream)")] = None,
+        "--trace", help="write a Chrome/Perfetto trace-event JSON file, gzipped if it ends in .json.gz "
+        "(a process per rank, a thread per stream)")] = None,
     csv_path: Annotated[Optional[Path], typer.Option("--csv", help="write the trace table as CSV")] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite output files that simtrain did not write")] = False,
     from_megatron: Annotated[Optional[Path], typer.Option(
@@ -174,7 +175,7 @@ def _check_outputs(st: Settings, out_path: Path | None, as_json: bool, trace_pat
     """The (dashboard, trace, csv) paths to write, each checked by :func:`check_output_path`."""
     html_path = out_path or (None if as_json else Path(st.scenario.out or "simtrain-compare.html"))
     for path, flag, suffix in ((html_path, "--out" if out_path else f"{st.source}: field 'out'", ".html"),
-                               (trace_path, "--trace", ".json"), (csv_path, "--csv", ".csv")):
+                               (trace_path, "--trace", (".json", ".json.gz")), (csv_path, "--csv", ".csv")):
         if path is not None:
             check_output_path(path, flag, suffix, inputs, force)
     return html_path, trace_path, csv_path

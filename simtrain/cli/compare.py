@@ -20,6 +20,7 @@ from ..importers import read_job
 from ..metrics import Report
 from ..models import ModelSpec
 from ..parallel import ParallelConfig
+from ..progress import progress
 from ..scenario import ScheduleRun, run_schedule
 from ..schedules import Schedule, split_name
 from ..schedules.io import read_torch_csv
@@ -188,17 +189,23 @@ def _run_compare(st: Settings, plan: _ComparePlan) -> tuple[list[ScheduleRun], p
         SimtrainError: the imported order deadlocks, or no sweep point could be simulated.
     """
     spec, hw, parallel, times, comm = st.model, st.hardware, plan.parallel, st.op_times, st.comm
-    runs = [run_schedule(n, spec, hw, parallel, op_times=times, comm=comm) for n in plan.names]
-    if plan.imported is not None:
-        try:
-            runs.append(run_schedule(plan.imported, spec, hw, parallel, op_times=times, comm=comm))
-        except DeadlockError as exc:
-            raise SimtrainError(f"--schedule-file {plan.schedule_file}: the order cannot run: {exc}") from None
-    sweep_rows = None
-    if plan.sweep is not None:
-        sweep_rows = run_sweep(plan.names, spec, hw, parallel, plan.sweep, op_times=times, comm=comm)
-        if sweep_rows["error"].notna().all():
-            raise SimtrainError(f"--sweep: no point could be simulated; first reason: {sweep_rows['error'].iloc[0]}")
+    steps = len(plan.names) + (plan.imported is not None) + len(plan.names) * len(plan.sweep.values if plan.sweep else [])
+    with progress(err, steps, "simulating") as advance:
+        runs = []
+        for name in plan.names:
+            runs.append(run_schedule(name, spec, hw, parallel, op_times=times, comm=comm))
+            advance(name)
+        if plan.imported is not None:
+            try:
+                runs.append(run_schedule(plan.imported, spec, hw, parallel, op_times=times, comm=comm))
+            except DeadlockError as exc:
+                raise SimtrainError(f"--schedule-file {plan.schedule_file}: the order cannot run: {exc}") from None
+        sweep_rows = None
+        if plan.sweep is not None:
+            sweep_rows = run_sweep(plan.names, spec, hw, parallel, plan.sweep, op_times=times, comm=comm,
+                                   on_point=advance)
+            if sweep_rows["error"].notna().all():
+                raise SimtrainError(f"--sweep: no point could be simulated; first reason: {sweep_rows['error'].iloc[0]}")
     return runs, sweep_rows
 
 

@@ -38,4 +38,4 @@ dashboards: $(VENV)/.core
 	done
 
 clean:
-	rm -rf $(VENV) dashboards/*.html
+	rm -rf $(VENV) dashboards

@@ -21,7 +21,8 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 	touch $@
 
 demo: $(VENV)/.core
-	$(BIN)/simtrain compare
+	mkdir -p dashboards
+	$(BIN)/simtrain compare --out dashboards/default.html
 
 test: $(VENV)/.test browser
 	$(BIN)/python -m pytest -q
@@ -42,11 +43,11 @@ mutation: $(VENV)/.mutation
 browser:
 	sh scripts/ensure-chromium.sh
 
-# Render every scenario in dashboards/ into dashboards/NAME.html (git-ignored).
+# Render every built-in scenario (simtrain/scenarios/) into dashboards/NAME.html (git-ignored).
 dashboards: $(VENV)/.core
-	@set -e; for f in dashboards/*.yaml; do \
-	    echo "== $$f"; $(BIN)/simtrain compare "$$f"; \
+	@mkdir -p dashboards; set -e; for f in simtrain/scenarios/*.yaml; do \
+	    n=$$(basename "$$f" .yaml); echo "== $$n"; $(BIN)/simtrain compare "$$n" --out "dashboards/$$n.html"; \
 	done
 
 clean:
-	rm -rf $(VENV) dashboards/*.html mutants
+	rm -rf $(VENV) dashboards mutants

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # benchmark this checkout's simtrain
-DEEPSEEK = ROOT / "dashboards" / "deepseek-v3.yaml"
+DEEPSEEK = ROOT / "simtrain" / "scenarios" / "deepseek-v3.yaml"
 
 CASES = {
     # name: (model, hardware, schedule, parallel overrides) -- in-process run_schedule

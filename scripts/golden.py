@@ -1,5 +1,5 @@
 """Behaviour check for refactors: record, then compare, the ``--json`` rows (and trace hashes) of
-every scenario in ``dashboards/`` and of a fixed set of unit-cost runs.
+every built-in scenario (``simtrain/scenarios/``) and of a fixed set of unit-cost runs.
 
     python scripts/golden.py record golden.json      # on the commit before the change
     python scripts/golden.py check golden.json       # after it: exit 1 and list what moved
@@ -19,13 +19,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from simtrain.scenario import SCENARIO_DIR
+
 ROOT = Path(__file__).resolve().parent.parent
 SIMTRAIN = [sys.executable, "-c", "from simtrain.cli import main; main()"]
 
 UNIT = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--op-times", "1,1,1", "--no-comm"]
 UNEVEN = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--op-times", "1,2,1.5", "--no-comm"]
 CASES: dict[str, list[str]] = {
-    **{f"scenario:{p.stem}": [str(p)] for p in sorted((ROOT / "dashboards").glob("*.yaml"))},
+    **{f"scenario:{p.stem}": [str(p)] for p in sorted(SCENARIO_DIR.glob("*.yaml"))},
     "unit:p4m8": UNIT + ["--pp", "4", "--microbatches", "8", "--vp", "2", "--schedules",
                          "gpipe,1f1b,interleaved-1f1b,looped-bfs,interleaved-zb,zb-h1,zb-h2,zbv,dualpipe,dualpipev"],
     "unit:p8m16": UNIT + ["--pp", "8", "--microbatches", "16", "--vp", "2", "--schedules",

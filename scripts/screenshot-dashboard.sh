@@ -3,7 +3,7 @@
 # Needs the venv (`make demo`) and headless Chromium (scripts/ensure-chromium.sh).
 set -eu
 cd "$(dirname "$0")/.."
-.venv/bin/simtrain compare dashboards/default.yaml --out dashboards/default.html > /dev/null
+mkdir -p dashboards && .venv/bin/simtrain compare default --out dashboards/default.html > /dev/null
 profile=$(mktemp -d)
 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
     --disable-component-update --disable-sync --user-data-dir="$profile" --hide-scrollbars \

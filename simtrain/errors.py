@@ -116,3 +116,8 @@ def validate_model(cls: type[BaseModel], data: Any, source: str) -> Any:
         return cls.model_validate(data)
     except ValidationError as err:
         raise SimtrainError(describe_validation_error(err, source)) from None
+
+
+class ConfigWarning(UserWarning):
+    """A field of a user's config (HuggingFace, Megatron-LM, torchtitan) that simtrain reads but does
+    not represent; the CLI prints it as one ``warning: ...`` line."""

@@ -15,6 +15,7 @@ in GiB). Every event carries ``name``, ``ph``, ``ts``, ``dur``, ``pid`` and ``ti
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -101,26 +102,37 @@ trace JSON ``otherData.generator``, CSV header ``schedule,...,start_s,end_s``), 
 replace it; any other existing file is only overwritten with ``--force``."""
 
 
+def _head_and_tail(path: Path, size: int = 4096) -> str:
+    """The first and last ``size`` bytes of a file (decompressed when it ends in ``.gz``), as text."""
+    with (gzip.open if path.name.lower().endswith(".gz") else open)(path, "rb") as f:
+        head = tail = f.read(size)
+        for chunk in iter(lambda: f.read(1 << 20), b""):  # streams a gzip file; seeks would too
+            tail = (tail + chunk)[-size:]
+    return (head + b"\n" + tail).decode("utf-8", errors="replace")
+
+
 def _written_by_simtrain(path: Path) -> bool:
-    """Whether ``path`` looks like a file simtrain wrote (see :data:`GENERATOR_MARK`)."""
+    """Whether ``path`` looks like a file simtrain wrote (see :data:`GENERATOR_MARK`; a trace JSON
+    carries it at its end)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(4096).decode("utf-8", errors="replace")
-    except OSError:
+        text = _head_and_tail(path)
+    except (OSError, EOFError):  # gzip.BadGzipFile is an OSError
         return False
     if path.suffix.lower() == ".csv":
-        first = head.splitlines()[0] if head else ""
+        first = text.splitlines()[0] if text else ""
         return first.startswith("schedule,") and "start_s" in first and "end_s" in first
-    return GENERATOR_MARK in head
+    return GENERATOR_MARK in text
 
 
-def check_output_path(path: Path, flag: str, suffix: str, inputs: Iterable[Path] = (), force: bool = False) -> Path:
+def check_output_path(path: Path, flag: str, suffix: str | tuple[str, ...], inputs: Iterable[Path] = (),
+                      force: bool = False) -> Path:
     """Refuse an output path that would overwrite an input or a user's file, or has the wrong type.
 
     Args:
         path: where the user asked to write.
         flag: the CLI flag (or scenario field), for the message (e.g. ``"--trace"``).
-        suffix: the required extension, e.g. ``".json"``.
+        suffix: the required extension, e.g. ``".json"``, or a tuple of allowed ones
+            (``(".json", ".json.gz")``).
         inputs: files this command reads (scenario, model, profile, schedule file, measured
             traces); none may be overwritten, even with ``force``.
         force: allow overwriting an existing file that simtrain did not write.
@@ -133,10 +145,11 @@ def check_output_path(path: Path, flag: str, suffix: str, inputs: Iterable[Path]
             an existing file simtrain did not write (without ``force``).
     """
     path = Path(path)
-    if path.suffix.lower() != suffix:
-        raise SimtrainError(f"{flag} = {str(path)!r}: expected a {suffix} file name")
+    allowed = (suffix,) if isinstance(suffix, str) else suffix
+    if not path.name.lower().endswith(allowed) or path.name.lower() in allowed:
+        raise SimtrainError(f"{flag} = {str(path)!r}: expected a {' or '.join(allowed)} file name")
     if path.is_dir():
-        raise SimtrainError(f"{flag} = {str(path)!r}: is a folder, expected a {suffix} file name")
+        raise SimtrainError(f"{flag} = {str(path)!r}: is a folder, expected a {' or '.join(allowed)} file name")
     for src in inputs:
         if src is not None and Path(src).exists() and path.exists() and path.resolve() == Path(src).resolve():
             raise SimtrainError(f"{flag} = {str(path)!r}: is an input of this command; refusing to overwrite it")
@@ -161,10 +174,14 @@ def write_output(write: Callable[[], object], path: Path, flag: str) -> None:
 def write_chrome_trace(
     path: Path, traces: Mapping[str, pd.DataFrame], memories: Mapping[str, pd.DataFrame] | None = None
 ) -> Path:
-    """Write :func:`chrome_trace` to ``path`` (parent folders are created); returns the path."""
+    """Write :func:`chrome_trace` to ``path`` (parent folders are created), gzip-compressed when
+    the name ends in ``.gz`` (Perfetto and chrome://tracing open ``.json.gz`` directly); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(chrome_trace(traces, memories), separators=(",", ":")))
+    data = json.dumps(chrome_trace(traces, memories), separators=(",", ":")).encode("utf-8")
+    if path.name.lower().endswith(".gz"):
+        data = gzip.compress(data, mtime=0)  # mtime 0: the same trace gives the same bytes
+    path.write_bytes(data)
     return path
 
 

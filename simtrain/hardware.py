@@ -1,6 +1,9 @@
 """Hardware profiles: one GPU kind and its cluster fabric, in SI units.
 
-Profile files live in ``hardware_profiles/<name>.yaml`` and say their units in field names
+Built-in profiles ship inside the package (``simtrain/hardware_profiles/<name>.yaml``, read with
+:mod:`importlib.resources`); a user's own profile is any YAML file of the same schema, given by path,
+or by name when it sits in a ``hardware_profiles/`` folder of the current directory. Files say
+their units in field names
 (``peak_tflops``, ``hbm_gib``, ``bandwidth_gb_per_s``, ``latency_us``). :func:`load_profile`
 validates a file against :class:`ProfileFile` and converts it to a :class:`HardwareProfile` whose
 fields are SI base units (FLOP/s, bytes, bytes/s, seconds). Nothing past the loader sees a TFLOPS
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -25,7 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import NumbersNotBooleans, SimtrainError, load_yaml_file, validate_model
 
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
+PROFILE_DIR = Path(str(resources.files("simtrain").joinpath("hardware_profiles")))
+"""The built-in profiles (package data)."""
+USER_PROFILE_DIR = Path("hardware_profiles")
+"""A user's own profiles, relative to the current directory: found by name after the built-ins."""
 
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8"]
 
@@ -42,7 +49,12 @@ class _Strict(NumbersNotBooleans):
 
 
 class IntraNodeLinkFile(_Strict):
-    """``intra_node:`` section: the scale-up link inside a node (NVLink, Infinity Fabric)."""
+    """``intra_node:`` section: the scale-up link inside a node (NVLink, Infinity Fabric).
+
+    Attributes:
+        name: the link's name (``NVLink 4``).
+        latency_us: one-way latency of a message.
+    """
 
     name: str
     bandwidth_gb_per_s: float = Field(gt=0, description="per GPU, per direction, to the switch")
@@ -53,7 +65,13 @@ class IntraNodeLinkFile(_Strict):
 
 
 class InterNodeLinkFile(_Strict):
-    """``inter_node:`` section: the scale-out network (InfiniBand, RoCE)."""
+    """``inter_node:`` section: the scale-out network (InfiniBand, RoCE).
+
+    Attributes:
+        name: the network's name (``InfiniBand NDR``).
+        nics_per_node: NICs of one node.
+        latency_us: one-way latency of a message.
+    """
 
     name: str
     bandwidth_gb_per_s: float = Field(gt=0, description="per NIC, per direction")
@@ -150,7 +168,23 @@ class ComputeFile(_Strict):
 
 
 class ProfileFile(_Strict):
-    """The schema of a hardware profile YAML file (units in field names)."""
+    """The schema of a hardware profile YAML file (units in field names).
+
+    Attributes:
+        name: the profile's name (file stem by convention).
+        description: GPU and node in words; the first comma-separated part is the GPU.
+        source: datasheets and measurements the numbers come from.
+        peak_tflops: dense tensor-core peak per dtype (no sparsity), from the datasheet.
+        hbm_gib: HBM capacity per GPU.
+        hbm_tb_per_s: HBM bandwidth per GPU.
+        gpus_per_node: GPUs of one node (one scale-up domain).
+        intra_node: the scale-up link.
+        inter_node: the scale-out network.
+        efficiency: achieved fractions of peak (replaced by calibration).
+        overlap: how an overlapped F&B pair runs.
+        compute: measured kernel rates and overheads (``simtrain calibrate`` writes it).
+        calibration: provenance of a calibrated profile (free-form, written by ``simtrain calibrate``).
+    """
 
     name: str
     description: str
@@ -389,37 +423,51 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
 
 
 def available_profiles() -> list[str]:
-    """Names of the profiles shipped in ``hardware_profiles/`` (file stems), sorted.
+    """Names of the built-in profiles (file stems of the package's ``hardware_profiles/``), sorted."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def profile_files(extra: list[Path] | tuple[Path, ...] = ()) -> list[tuple[str, Path, bool]]:
+    """Every profile file simtrain can find: the built-ins, then the YAML files of the current
+    directory's ``hardware_profiles/`` folder, then ``extra`` (files, or folders of YAML files).
+
+    Returns:
+        ``(name, path, built_in)`` triples, built-ins first, each group sorted by name.
 
     Raises:
-        SimtrainError: the folder is missing (simtrain runs from a source checkout installed with
-            ``pip install -e .``; a plain wheel install does not carry ``hardware_profiles/``).
+        SimtrainError: an ``extra`` path does not exist.
     """
-    if not PROFILE_DIR.is_dir():
-        raise SimtrainError(
-            f"{PROFILE_DIR}: the hardware_profiles folder is missing; install simtrain from its source "
-            "checkout with `pip install -e .` (as `make demo` does), or pass a profile file path"
-        )
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+    found = [(p.stem, p, True) for p in sorted(PROFILE_DIR.glob("*.yaml"))]
+    user = [USER_PROFILE_DIR] if USER_PROFILE_DIR.is_dir() else []
+    for entry in [*user, *extra]:
+        if entry.is_dir():
+            found += [(p.stem, p, False) for p in sorted([*entry.glob("*.yaml"), *entry.glob("*.yml")])]
+        elif entry.is_file():
+            found.append((entry.stem, entry, False))
+        else:
+            raise SimtrainError(f"{entry}: no such profile file or folder")
+    return found
 
 
 def resolve_profile_path(name_or_path: str) -> Path:
     """Map a profile name (``h100-sxm``) or a path to a YAML file path.
 
+    A name is looked up among the built-ins, then in ``./hardware_profiles/``.
+
     Raises:
-        SimtrainError: neither a shipped profile name nor an existing file.
+        SimtrainError: neither a profile name nor an existing file.
     """
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") or candidate.exists():
         if not candidate.exists():
             raise SimtrainError(f"{candidate}: hardware profile file not found")
         return candidate
-    shipped = PROFILE_DIR / f"{name_or_path}.yaml"
-    if shipped.exists():
-        return shipped
-    raise SimtrainError(
-        f"unknown hardware '{name_or_path}': not a file, and not one of {available_profiles()}"
-    )
+    for folder in (PROFILE_DIR, USER_PROFILE_DIR):
+        for suffix in (".yaml", ".yml"):
+            if (folder / f"{name_or_path}{suffix}").is_file():
+                return folder / f"{name_or_path}{suffix}"
+    names = sorted({name for name, _, _ in profile_files()})
+    raise SimtrainError(f"unknown hardware '{name_or_path}': not a file, and not one of {names}")
 
 
 def load_profile(name_or_path: str | Path) -> HardwareProfile:

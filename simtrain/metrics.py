@@ -3,10 +3,16 @@
 Definitions (sources use different ones; these are simtrain's):
 
 * **step time**: end of the last task (compute, communication or optimizer) of the step.
-* **bubble ratio**: ``1 - (sum over ranks of compute-busy time) / (ranks x step time)``; per rank
-  ``1 - busy_r / step``. Idle time includes time a rank waits on exposed communication. With
-  unit costs and free communication GPipe and 1F1B give ``(p-1)/(m+p-1)`` (bubble over makespan,
-  as sail-sg's README states it; Megatron's ``(p-1)/m`` divides by ideal time instead).
+* **bubble ratio** (the pipeline bubble): the time a rank's compute stream is idle while none of
+  its communication is in flight, i.e. ``idle_r - exposed_r``, summed over ranks / (ranks x step
+  time); per rank ``(step - busy_r - exposed_r) / step``. Time spent waiting on communication is
+  the **exposed communication** below, not bubble. With unit costs and free communication GPipe
+  and 1F1B give ``(p-1)/(m+p-1)``: the bubble over the makespan of GPipe (Huang et al. 2019 §2.3)
+  and of sail-sg's zero-bubble README; Megatron-LM's bubble time fraction (Narayanan et al. 2021
+  §2.2.1) divides by the ideal time instead, ``(p-1)/m = b / (1 - b)``.
+* **idle ratio**: ``1 - (sum over ranks of compute-busy time) / (ranks x step time)``, all idle
+  time (bubble plus exposed communication; per rank ``1 - busy_r / step``): the figure reported as
+  "bubble" before the two were told apart. Equal to the bubble ratio when communication is free.
 * **span bubble ratio** (Zero Bubble paper, Qi et al. 2024 §5.3: bubble rate
   ``(cost - m(T_F+T_B+T_W)) / cost`` with cost the largest execution time of all stages, measured
   per stage from its first forward to its last W as sail-sg's ``auto_schedule.py`` does):
@@ -114,6 +120,8 @@ class Report:
     bubble_ratio: float
     bubble_ratio_per_rank: list[float]
     bubble_time_s_per_rank: list[float]
+    idle_ratio: float
+    idle_ratio_per_rank: list[float]
     span_bubble_ratio: float
     exposed_comm_s: float
     exposed_comm_s_per_rank: list[float]
@@ -187,12 +195,18 @@ def compute_report(
     max_span = max(spans) if spans else 0.0
     peaks = result.memory.groupby("rank")["bytes"].max().reindex(ranks).tolist()
     total_comm = sum(comm_total)
+    # exposed communication lies inside the idle time; the rest of it is the pipeline bubble
+    # (subtracted last, so that without communication the figures equal the idle ones bit for bit)
+    idle = 1 - sum(busy) / (n * step) if step > 0 else 0.0
+    idle_per_rank = [1 - b / step if step > 0 else 0.0 for b in busy]
     return Report(
         schedule=name,
         step_time_s=step,
-        bubble_ratio=1 - sum(busy) / (n * step) if step > 0 else 0.0,
-        bubble_ratio_per_rank=[1 - b / step if step > 0 else 0.0 for b in busy],
-        bubble_time_s_per_rank=[step - b for b in busy],
+        bubble_ratio=max(0.0, idle - sum(exposed) / (n * step)) if step > 0 else 0.0,
+        bubble_ratio_per_rank=[max(0.0, i - e / step) if step > 0 else 0.0 for i, e in zip(idle_per_rank, exposed)],
+        bubble_time_s_per_rank=[max(0.0, float((step - b) - e)) for b, e in zip(busy, exposed)],
+        idle_ratio=idle,
+        idle_ratio_per_rank=idle_per_rank,
         span_bubble_ratio=1 - float(np.mean(pipe_busy)) / max_span if max_span > 0 else 0.0,
         exposed_comm_s=float(np.mean(exposed)) if exposed else 0.0,
         exposed_comm_s_per_rank=exposed,

@@ -1,8 +1,9 @@
 """Model specs: transformer shapes (dense or Mixture-of-Experts) and their parameter counts.
 
-Presets live in ``simtrain/model_presets/<name>.yaml``; any YAML file of the same schema works too.
+Presets live in ``simtrain/model_presets/<name>.yaml``; any YAML file of the same schema works too,
+and so does a HuggingFace ``config.json`` (mapped by :mod:`simtrain.importers.hf`).
 Each preset states its source and the parameter counts its authors published, so a test can check
-that :meth:`ModelSpec.total_params` agrees with them.
+that :attr:`ModelSpec.total_params` agrees with them.
 
 Parameter counting follows the architecture literally: every weight matrix, bias and norm; the
 input embedding, learned position embedding (GPT-3) and, unless tied, the output (LM head) matrix.
@@ -26,7 +27,15 @@ class _Strict(NumbersNotBooleans):
 
 
 class MLASpec(_Strict):
-    """Multi-head latent attention (DeepSeek-V2/V3 §2.1.1): low-rank compressed Q and KV."""
+    """Multi-head latent attention (DeepSeek-V2/V3 §2.1.1): low-rank compressed Q and KV.
+
+    Attributes:
+        q_lora_rank: query compression width d_c' (1536 in DeepSeek-V3).
+        kv_lora_rank: key/value compression width d_c (512).
+        qk_nope_head_dim: per-head query/key width without RoPE d_h (128).
+        qk_rope_head_dim: per-head decoupled RoPE query/key width d_h^R (64).
+        v_head_dim: per-head value width (128).
+    """
 
     q_lora_rank: int = Field(ge=1)
     kv_lora_rank: int = Field(ge=1)
@@ -40,6 +49,14 @@ class MoESpec(_Strict):
 
     ``first_dense_layers`` leading layers keep a dense FFN of ``ModelSpec.ffn_hidden_size``
     (DeepSeek-V3: 3); every other layer is an MoE layer.
+
+    Attributes:
+        num_experts: routed experts per MoE layer.
+        top_k: routed experts each token is sent to.
+        expert_ffn_hidden_size: FFN width of one expert (routed or shared).
+        num_shared_experts: experts every token passes through.
+        first_dense_layers: leading layers with a dense FFN.
+        router_bias: the router carries a per-expert bias (DeepSeek-V3's auxiliary-loss-free balancing).
     """
 
     num_experts: int = Field(ge=1)
@@ -61,18 +78,25 @@ class ModelSpec(_Strict):
 
     Attributes (all counts, no units):
         name, description, source: identification; ``source`` cites the published shape.
-        num_layers, hidden_size (h), ffn_hidden_size (dense FFN width f), num_heads (a),
-        num_kv_heads (GQA; defaults to num_heads), head_dim (defaults to h / a), vocab_size (V),
-        seq_len (default training sequence length, tokens).
+        num_layers: transformer layers.
+        hidden_size: model width h.
+        ffn_hidden_size: dense FFN width f.
+        num_heads: attention heads a.
+        num_kv_heads: key/value heads (GQA); defaults to num_heads.
+        head_dim: per-head width; defaults to h / a.
+        vocab_size: vocabulary size V.
+        seq_len: default training sequence length, tokens.
         activation: ``gelu`` (2 FFN matrices) or ``swiglu`` (3 FFN matrices).
         norm: ``layernorm`` (weight + bias) or ``rmsnorm`` (weight).
         bias: linear layers carry biases (GPT-3).
+        qkv_bias: only the query/key/value projections carry biases (Qwen2).
+        qk_norm: an RMSNorm over head_dim on queries and on keys (Qwen3; 2 x head_dim weights).
         learned_positions: a learned position embedding of seq_len x h (GPT-3).
         tied_embeddings: the LM head reuses the input embedding.
         dropout: the model trains with dropout (adds dropout masks to stored activations).
-        mla: multi-head latent attention instead of standard attention (DeepSeek).
+        mla: multi-head latent attention instead of standard attention (DeepSeek), see MLASpec.
         moe: the MoE FFN, if any.
-        published_total_params / published_active_params: the authors' figures, for tests.
+        published_total_params, published_active_params: the authors' figures, for tests.
     """
 
     name: str
@@ -89,6 +113,8 @@ class ModelSpec(_Strict):
     activation: Literal["gelu", "swiglu"] = "swiglu"
     norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
     bias: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
     learned_positions: bool = False
     tied_embeddings: bool = False
     dropout: bool = False
@@ -170,7 +196,8 @@ class ModelSpec(_Strict):
             )
         q = self.num_heads * self.q_head_dim
         kv = self.kv_heads * self.q_head_dim + self.kv_heads * self.v_head_dim
-        return self.linear_params(h, q + kv) + self.linear_params(self.num_heads * self.v_head_dim, h)
+        extra = (q + kv if self.qkv_bias and not self.bias else 0) + (2 * self.q_head_dim if self.qk_norm else 0)
+        return self.linear_params(h, q + kv) + self.linear_params(self.num_heads * self.v_head_dim, h) + extra
 
     def ffn_params(self, width: int) -> int:
         """Parameters of one dense FFN (or one expert) of intermediate ``width``."""
@@ -209,6 +236,7 @@ class ModelSpec(_Strict):
         head = 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
         return self.norm_params(self.hidden_size) + head
 
+    @property
     def total_params(self) -> int:
         """All parameters of the model."""
         return (
@@ -217,7 +245,8 @@ class ModelSpec(_Strict):
             + self.head_params()
         )
 
-    def active_params(self) -> int:
+    @property
+    def activated_params(self) -> int:
         """Parameters a token passes through (MoE: top_k routed + shared experts); = total if dense."""
         return (
             self.embedding_params()
@@ -233,13 +262,19 @@ def available_models() -> list[str]:
 
 
 def load_model(name_or_path: str | Path) -> ModelSpec:
-    """Load a model preset by name or a model spec YAML file by path.
+    """Load a model preset by name, a model spec YAML file by path, or a HuggingFace
+    ``config.json`` (any ``.json`` file; see :func:`simtrain.importers.hf.load_hf_config`).
 
     Raises:
-        SimtrainError: unknown name, missing file, malformed YAML, or an invalid field.
+        SimtrainError: unknown name, missing file, malformed YAML/JSON, an invalid field, or an
+            HF ``model_type`` that is not mapped.
     """
     text = str(name_or_path)
     candidate = Path(text)
+    if candidate.suffix == ".json":
+        from .importers.hf import load_hf_config
+
+        return load_hf_config(candidate)
     if candidate.suffix in (".yaml", ".yml") or candidate.exists():
         path = candidate
     else:

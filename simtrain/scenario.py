@@ -1,13 +1,15 @@
 """Scenarios: what to simulate (model, hardware, parallelism, schedules), and running one schedule
 end to end: generate -> cost -> lower -> simulate -> report.
 
-A scenario file (``dashboards/*.yaml``) has the fields of :class:`Scenario`; the CLI's flags
-override them.
+A scenario file has the fields of :class:`Scenario`; the CLI's flags override them. The reference
+scenarios ship inside the package (``simtrain/scenarios/<name>.yaml``, read with
+:mod:`importlib.resources`) and can be named instead of given by path.
 """
 
 from __future__ import annotations
 
 import math
+from importlib import resources
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +29,28 @@ from .parallel import ParallelConfig
 from .moe import resolve_waves
 from .schedules import Schedule, generate, split_name
 
-DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "dashboards" / "default.yaml"
+SCENARIO_DIR = Path(str(resources.files("simtrain").joinpath("scenarios")))
+"""The built-in scenarios (package data)."""
+DEFAULT_SCENARIO = SCENARIO_DIR / "default.yaml"
+
+
+def available_scenarios() -> list[str]:
+    """Names of the built-in scenarios, sorted."""
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+
+
+def resolve_scenario_path(path: Path) -> Path:
+    """A scenario file path, or the built-in scenario of that name when no such file exists.
+
+    Raises:
+        SimtrainError: neither a file nor a built-in scenario name.
+    """
+    if path.exists() or path.suffix in (".yaml", ".yml"):
+        return path
+    if (SCENARIO_DIR / f"{path}.yaml").is_file():
+        return SCENARIO_DIR / f"{path}.yaml"
+    raise SimtrainError(f"{path}: no such scenario file, and not one of the built-in scenarios "
+                        f"{available_scenarios()}")
 
 
 class Scenario(BaseModel):
@@ -68,14 +91,18 @@ class Scenario(BaseModel):
 
 
 def load_scenario(path: Path) -> Scenario:
-    """Read and validate a scenario YAML file; a relative ``out`` is resolved against its folder,
-    and so is a relative ``model`` or ``hardware`` YAML file that exists there.
+    """Read and validate a scenario YAML file (or a built-in scenario, by name); a relative
+    ``out`` is resolved against the file's folder (against the current directory for a built-in
+    scenario: the package folder is not the user's), and so is a relative ``model`` or
+    ``hardware`` YAML file that exists there.
 
     Raises:
         SimtrainError: missing file, malformed YAML, or an invalid field.
     """
+    path = resolve_scenario_path(path)
     scenario = validate_model(Scenario, load_yaml_file(path), str(path))
-    if scenario.out and not Path(scenario.out).is_absolute():
+    built_in = path.resolve().parent == SCENARIO_DIR.resolve()
+    if scenario.out and not Path(scenario.out).is_absolute() and not built_in:
         scenario.out = str(path.parent / scenario.out)
     for field in ("model", "hardware"):
         value = Path(getattr(scenario, field))

@@ -9,6 +9,7 @@ with its ``error`` and no numbers, so one impossible point does not hide the oth
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -100,6 +101,7 @@ def run_sweep(
     spec: SweepSpec,
     op_times: tuple[float, float, float] | None = None,
     comm: bool = True,
+    on_point: Callable[[str], None] | None = None,
 ) -> pd.DataFrame:
     """Simulate every schedule at every value of ``spec``.
 
@@ -109,6 +111,7 @@ def run_sweep(
         parallel: the settings the swept field replaces.
         spec: the swept field and its values.
         op_times, comm: as in :func:`simtrain.scenario.run_schedule`.
+        on_point: called with ``"<schedule> at <field>=<value>"`` after each point (progress).
 
     Returns:
         DataFrame with :data:`ROW_COLUMNS`, one row per (value, schedule) in that order; rows of
@@ -126,6 +129,9 @@ def run_sweep(
             except SimtrainError as exc:
                 rows.append(dict(schedule=name, field=spec.field, value=value, error=str(exc)))
                 continue
+            finally:
+                if on_point is not None:
+                    on_point(f"{name} at {spec.field}={value}")
             rows.append(dict(
                 schedule=name, field=spec.field, value=value, step_time_s=report.step_time_s,
                 bubble_ratio=report.bubble_ratio, tokens_per_s=report.tokens_per_s, mfu=report.mfu,

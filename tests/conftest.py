@@ -11,17 +11,17 @@ import pytest
 from simtrain.hardware import load_profile
 from simtrain.models import ModelSpec, MoESpec
 from simtrain.parallel import ParallelConfig
-from simtrain.scenario import run_schedule
+from simtrain.scenario import SCENARIO_DIR, run_schedule
 from simtrain.schedules import Schedule, parse_action
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = sorted((ROOT / "dashboards").glob("*.yaml"))
+SCENARIOS = sorted(SCENARIO_DIR.glob("*.yaml"))
 
 
 @pytest.fixture(scope="session")
 def rendered_scenarios(tmp_path_factory):
-    """Every scenario in dashboards/ rendered once per test session by ``simtrain compare --json``.
+    """Every built-in scenario (simtrain/scenarios/) rendered once per test session by ``simtrain compare --json``.
 
     Returns ``{stem: (html_path, CliRunner result)}``; the dashboard and browser tests share it, so
     the slow scenarios (DeepSeek-V3) are simulated once.

@@ -19,7 +19,7 @@ from simtrain.trace import lanes
 from simtrain.hardware import load_profile
 from simtrain.models import load_model
 from simtrain.parallel import ParallelConfig
-from simtrain.scenario import load_scenario, run_schedule
+from simtrain.scenario import SCENARIO_DIR, load_scenario, run_schedule
 
 from conftest import ROOT, SCENARIOS  # noqa: E402
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -101,7 +101,7 @@ def test_every_dashboard_opens_offline_without_errors(browser, rendered, name):
 def test_default_dashboard_draws_the_expected_traces(browser, rendered, tmp_path):
     """Count traces from the simulation itself: the comparison bars stack one trace per kind of time,
     a timeline has one trace per (kind, compute/comm), the memory plot one line per rank."""
-    scenario = load_scenario(ROOT / "dashboards" / "default.yaml")
+    scenario = load_scenario(SCENARIO_DIR / "default.yaml")
     model, hw = load_model(scenario.model), load_profile(scenario.hardware)
     parallel = ParallelConfig.model_validate(scenario.parallel.model_dump())
     runs = [run_schedule(s, model, hw, parallel) for s in scenario.schedules]

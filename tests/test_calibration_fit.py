@@ -218,8 +218,14 @@ def test_torch_runtime_costs_move_the_first_stage_backward_to_w():
 def test_validate_schedule_names():
     assert parse_schedules("GPipe, Schedule1F1B,dualpipev") == ["gpipe", "1f1b", "dualpipev"]
     assert len(parse_schedules(None)) == 7
-    with pytest.raises(SimtrainError, match="--schedules: unknown torch schedule 'zb-h1'"):
+    # compare's names (one vocabulary) and torch's class names both work
+    assert parse_schedules("interleaved-1f1b,zbv,looped-bfs,interleaved-zb") == \
+        parse_schedules("Interleaved1F1B,ScheduleZBVZeroBubble,LoopedBFS,InterleavedZeroBubble") == \
+        ["interleaved1f1b", "zbvzerobubble", "loopedbfs", "interleavedzerobubble"]
+    with pytest.raises(SimtrainError, match="--schedules: 'zb-h1' has no torch.distributed.pipelining class"):
         parse_schedules("gpipe,zb-h1")
+    with pytest.raises(SimtrainError, match="--schedules: unknown schedule 'zigzag'"):
+        parse_schedules("zigzag")
     with pytest.raises(SimtrainError, match="at least one"):
         parse_schedules(" , ")
 

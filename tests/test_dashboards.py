@@ -1,4 +1,4 @@
-"""Reference scenarios in dashboards/ and sweeps: each scenario renders, names its source, and the
+"""Reference scenarios (built in, simtrain/scenarios/) and sweeps: each scenario renders, names its source, and the
 GPipe microbatch sweep reproduces the bubble formula (p-1)/(m+p-1)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from simtrain.cli import app
 from simtrain.errors import SimtrainError
-from simtrain.scenario import load_scenario
+from simtrain.scenario import SCENARIO_DIR, load_scenario
 from simtrain.sweep import parse_sweep, sweep_from_mapping
 
 from conftest import ROOT, SCENARIOS
@@ -46,7 +46,7 @@ def test_scenario_names_its_source_and_renders(path, rendered_scenarios):
 def test_gpipe_microbatch_sweep_follows_the_formula(tmp_path):
     """Cost model with communication: within 3 points of (p-1)/(m+p-1), falling with m; GPipe's memory
     grows with m while 1F1B's stays put."""
-    res = invoke("compare", str(ROOT / "dashboards" / "gpipe-microbatches.yaml"), "--json",
+    res = invoke("compare", str(SCENARIO_DIR / "gpipe-microbatches.yaml"), "--json",
                  "--out", str(tmp_path / "g.html"))
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)["sweep"]
@@ -66,7 +66,7 @@ def test_gpipe_microbatch_sweep_follows_the_formula(tmp_path):
 
 
 def test_gpipe_microbatch_sweep_is_exact_with_unit_costs(tmp_path):
-    res = invoke("compare", str(ROOT / "dashboards" / "gpipe-microbatches.yaml"), "--op-times", "1,1,1",
+    res = invoke("compare", str(SCENARIO_DIR / "gpipe-microbatches.yaml"), "--op-times", "1,1,1",
                  "--no-comm", "--json", "--out", str(tmp_path / "g.html"))
     rows = json.loads(res.stdout)["sweep"]
     for r in rows:
@@ -122,7 +122,7 @@ def test_bad_sweep_in_a_scenario_file(tmp_path):
 
 def test_scenario_resolves_a_model_file_next_to_it(tmp_path):
     (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "m.yaml").write_text((ROOT / "dashboards" / "models" / "zb-6.2b.yaml").read_text())
+    (tmp_path / "models" / "m.yaml").write_text((SCENARIO_DIR / "models" / "zb-6.2b.yaml").read_text())
     sc = tmp_path / "s.yaml"
     sc.write_text("model: models/m.yaml\nhardware: a100-sxm-80gb\nschedules: [1f1b]\nparallel: {pp: 2, microbatches: 2}\n")
     assert load_scenario(sc).model == str(tmp_path / "models" / "m.yaml")

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from simtrain.cli import app
-from simtrain.scenario import load_scenario
+from simtrain.scenario import SCENARIO_DIR, load_scenario
 from simtrain.export import chrome_trace
 from simtrain.trace import lane_of
 
@@ -25,7 +25,7 @@ runner = CliRunner()
 def test_scenario_trace_is_valid_trace_event_json(tmp_path):
     trace = tmp_path / "t.json"
     csv = tmp_path / "t.csv"
-    res = runner.invoke(app, ["compare", str(ROOT / "dashboards" / "default.yaml"), "--trace", str(trace),
+    res = runner.invoke(app, ["compare", str(SCENARIO_DIR / "default.yaml"), "--trace", str(trace),
                               "--csv", str(csv), "--json", "--out", str(tmp_path / "d.html")])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)
@@ -40,7 +40,7 @@ def test_scenario_trace_is_valid_trace_event_json(tmp_path):
         assert isinstance(e["ts"], (int, float)) and isinstance(e["dur"], (int, float)) and e["dur"] >= 0
         assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
     processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
-    scenario = load_scenario(ROOT / "dashboards" / "default.yaml")
+    scenario = load_scenario(SCENARIO_DIR / "default.yaml")
     assert sorted(processes.values()) == sorted(f"{s} · rank {r}" for s in scenario.schedules
                                                 for r in range(scenario.parallel.pp))
     threads = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}

@@ -55,10 +55,14 @@ def test_trace_from_rows_sorts_and_measures_the_step(trace):
 
 def test_busy_bubble_and_span_bubble(trace):
     r = _report(trace)
-    # compute-busy: rank 0 = 4 + 3 + 1 = 8 s, rank 1 = 3 + 1 = 4 s; step 10 s
-    assert r.bubble_ratio == pytest.approx(1 - (8 + 4) / (2 * 10))
-    assert r.bubble_ratio_per_rank == pytest.approx([1 - 8 / 10, 1 - 4 / 10])
-    assert r.bubble_time_s_per_rank == pytest.approx([2.0, 6.0])
+    # compute-busy: rank 0 = 4 + 3 + 1 = 8 s, rank 1 = 3 + 1 = 4 s; step 10 s: idle 2 s and 6 s
+    assert r.idle_ratio == pytest.approx(1 - (8 + 4) / (2 * 10))
+    assert r.idle_ratio_per_rank == pytest.approx([1 - 8 / 10, 1 - 4 / 10])
+    # the pipeline bubble leaves out the exposed communication (2 s and 1.5 s, next test):
+    # rank 0 waits only on communication, rank 1 is idle 6 - 1.5 = 4.5 s with nothing in flight
+    assert r.bubble_time_s_per_rank == pytest.approx([0.0, 4.5])
+    assert r.bubble_ratio_per_rank == pytest.approx([0.0, 0.45])
+    assert r.bubble_ratio == pytest.approx((0.0 + 4.5) / (2 * 10))
     # pipeline actions only (OPT has no stage): rank 0 busy 7 s over the span [0, 9) = 9 s,
     # rank 1 busy 4 s over [5, 9.5) = 4.5 s; cost = the longest span, 9 s
     assert r.span_bubble_ratio == pytest.approx(1 - ((7 + 4) / 2) / 9)

@@ -16,26 +16,26 @@ def test_all_presets_listed():
 @pytest.mark.parametrize("name", ["gpt3-175b", "llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x7b", "deepseek-v3"])
 def test_total_params_within_1_percent(name):
     m = load_model(name)
-    assert m.total_params() == pytest.approx(m.published_total_params, rel=0.01)
+    assert m.total_params == pytest.approx(m.published_total_params, rel=0.01)
 
 
 def test_mixtral_active_params_within_1_percent():
     m = load_model("mixtral-8x7b")
-    assert m.active_params() == pytest.approx(12.9e9, rel=0.01)
-    assert m.active_params() < m.total_params()
+    assert m.activated_params == pytest.approx(12.9e9, rel=0.01)
+    assert m.activated_params < m.total_params
 
 
 def test_deepseek_v3_active_params():
     # DeepSeek quotes whole billions rounded down: V2's own shape gives 21.38B for its "21B".
     # V3's shape gives 37.55B for the published "37B activated".
     m = load_model("deepseek-v3")
-    assert 37e9 <= m.active_params() < 38e9
+    assert 37e9 <= m.activated_params < 38e9
     assert m.num_moe_layers == 58
 
 
 def test_dense_active_equals_total():
     m = load_model("llama3-70b")
-    assert m.active_params() == m.total_params()
+    assert m.activated_params == m.total_params
 
 
 def test_bad_model_files(tmp_path):

@@ -190,3 +190,14 @@ def test_the_issue_comparison_runs_all_five(tmp_path):
     assert rows["zb-h2"]["step_time_s"] < rows["zb-h1"]["step_time_s"]
     text = out.read_text()
     assert all(f"{n}: timeline" in text for n in rows)
+
+
+def test_an_imported_file_never_takes_a_builtin_name(tmp_path):
+    f = tmp_path / "1f1b.csv"
+    res = invoke("export-schedule", "1f1b", "--pp", 2, "--microbatches", 4, "--out", f)
+    assert res.exit_code == 0, res.output
+    res = invoke("compare", "--schedule-file", f, "--schedules", "1f1b", *UNIT)
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [r["schedule"] for r in rows] == ["1f1b", "1f1b.csv"]
+    assert rows[0]["step_time_s"] == rows[1]["step_time_s"]  # the same order, told apart by name

@@ -180,7 +180,7 @@ def _print_calibration(data: dict, path: Path) -> None:
 
 def validate(
     profile: Annotated[Optional[str], typer.Option(help="calibrated profile (name or YAML file)")] = None,
-    schedules: Annotated[Optional[str], typer.Option(help="torch schedules, comma-separated (default: all seven)")] = None,
+    schedules: Annotated[Optional[str], typer.Option(help="schedules, comma-separated: compare's names or torch's class names (default: all seven torch has)")] = None,
     world: Annotated[Optional[int], typer.Option(help="pipeline ranks (default: 2 on cpu, all GPUs)")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     steps: Annotated[int, typer.Option(help="measured training steps per schedule")] = 10,

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from ..errors import SimtrainError
 from ..hardware import HardwareProfile
+from ..schedules.names import TORCH_ALIASES, canonical_schedule
 from .measurements import ValidationResult
 from .predict import at_speed, cpu_slowdown, predict, probe_reference
 from .workload import TORCH_SCHEDULES, ValidationModel
@@ -107,21 +108,26 @@ def compare(result: ValidationResult, hardware: HardwareProfile, correct_speed: 
 
 
 def parse_schedules(text: str | None) -> list[str]:
-    """``--schedules`` (comma-separated, case-insensitive, optional ``Schedule`` prefix) -> names.
+    """``--schedules`` (comma-separated) -> the keys of :data:`TORCH_SCHEDULES`.
+
+    Takes ``compare``'s names (``interleaved-1f1b``, ``zbv``) and torch's class names
+    (``ScheduleZBVZeroBubble``, ``Interleaved1F1B``), through :func:`simtrain.schedules.names.canonical_schedule`.
 
     Raises:
-        SimtrainError: an unknown name, or none at all.
+        SimtrainError: an unknown name, a schedule torch has no class for, or none at all.
     """
     if text is None:
         return list(TORCH_SCHEDULES)
+    key_of = {name: key for key, name in TORCH_ALIASES.items()}
     names = []
     for raw in text.split(","):
-        key = raw.strip().lower().removeprefix("schedule").replace("-", "").replace("_", "")
-        if not key:
+        if not raw.strip():
             continue
-        if key not in TORCH_SCHEDULES:
-            raise SimtrainError(f"--schedules: unknown torch schedule '{raw.strip()}'; choose from {list(TORCH_SCHEDULES)}")
-        names.append(key)
+        name = canonical_schedule(raw, "--schedules")
+        if key_of.get(name) not in TORCH_SCHEDULES:
+            raise SimtrainError(f"--schedules: '{raw.strip()}' has no torch.distributed.pipelining class; validate "
+                                f"runs {sorted(TORCH_ALIASES[k] for k in TORCH_SCHEDULES)}")
+        names.append(key_of[name])
     if not names:
         raise SimtrainError("--schedules: give at least one schedule name")
     return names

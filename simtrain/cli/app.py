@@ -10,11 +10,12 @@ import functools
 import sys
 import warnings
 from collections.abc import Callable
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from ..errors import SimtrainError
+from ..errors import ConfigWarning, SimtrainError
 from ..schedules import ScheduleWarning
 
 app = typer.Typer(
@@ -27,10 +28,24 @@ out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"simtrain {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="print simtrain's version and exit")] = False) -> None:
+    """Simulate pipeline-parallel training schedules on real models and hardware."""
+
+
 def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
-    """Print schedule warnings as ``warning: ...`` lines on stderr; pass other warnings on."""
+    """Print schedule and config warnings as ``warning: ...`` lines on stderr; pass others on."""
     for w in caught:
-        if issubclass(w.category, ScheduleWarning):
+        if issubclass(w.category, (ScheduleWarning, ConfigWarning)):
             err.print(f"warning: {w.message}", markup=False, highlight=False, soft_wrap=True)
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
@@ -44,6 +59,7 @@ def user_errors(command: Callable[..., None]) -> Callable[..., None]:
     def wrapper(*args, **kwargs) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ScheduleWarning)
+            warnings.simplefilter("always", ConfigWarning)
             try:
                 command(*args, **kwargs)
             except SimtrainError as exc:

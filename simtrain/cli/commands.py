@@ -14,7 +14,7 @@ from rich.table import Table
 from ..calibration.commands import calibrate, validate
 from ..errors import SimtrainError
 from ..export import check_output_path, write_output
-from ..hardware import GB, GiB, TFLOPS, available_profiles, load_profile
+from ..hardware import GB, GiB, TFLOPS, load_profile, profile_files
 from ..measured import read_torch_trace
 from ..models import available_models, load_model
 from ..overlay import action_differences, measured_op_times, overlay_summary, schedule_from_measured
@@ -111,15 +111,17 @@ def overlay(
 
 @app.command()
 @user_errors
-def profiles() -> None:
-    """List the hardware profiles shipped in hardware_profiles/."""
+def profiles(
+    paths: Annotated[Optional[list[Path]], typer.Argument(help="your own profile files or folders to list too")] = None,
+) -> None:
+    """List the built-in hardware profiles, then yours (./hardware_profiles/ and PATHS)."""
     table = Table(title="hardware profiles")
-    for col in ("name", "GPU", "bf16 TFLOP/s", "HBM GiB", "HBM TB/s", "GPUs/node", "intra GB/s/dir", "inter GB/s/dir/NIC"):
+    for col in ("name", "where", "GPU", "bf16 TFLOP/s", "HBM GiB", "HBM TB/s", "GPUs/node", "intra GB/s/dir", "inter GB/s/dir/NIC"):
         table.add_column(col)
-    for name in available_profiles():
-        p = load_profile(name)
+    for name, path, built_in in profile_files(paths or []):
+        p = load_profile(path)
         table.add_row(
-            name, p.description.split(",")[0], f"{p.peak_flops.get('bf16', 0) / TFLOPS:.0f}",
+            name, "built-in" if built_in else str(path), p.description.split(",")[0], f"{p.peak_flops.get('bf16', 0) / TFLOPS:.0f}",
             f"{p.hbm_bytes / GiB:.0f}", f"{p.hbm_bandwidth_bytes_per_s / 1e12:.2f}", str(p.gpus_per_node),
             f"{p.intra_node.bandwidth_bytes_per_s / GB:.0f}", f"{p.inter_node.bandwidth_bytes_per_s / GB:.0f}",
         )
@@ -140,9 +142,26 @@ def models() -> None:
             published += f" / {m.published_active_params / 1e9:.1f}B active"
         table.add_row(
             name, str(m.num_layers), str(m.hidden_size), f"{m.num_heads}/{m.kv_heads}", str(m.vocab_size),
-            str(m.seq_len), f"{m.total_params() / 1e9:.2f}B", f"{m.active_params() / 1e9:.2f}B", published,
+            str(m.seq_len), f"{m.total_params / 1e9:.2f}B", f"{m.activated_params / 1e9:.2f}B", published,
         )
     out.print(table)
+
+
+@app.command()
+@user_errors
+def schema(
+    kind: Annotated[Optional[str], typer.Argument(help="model, hardware or scenario")] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="print the field reference of every kind (Markdown)")] = False,
+) -> None:
+    """Print the JSON Schema of a model, hardware profile or scenario file (from its pydantic model)."""
+    from ..schema import SCHEMAS, json_schema, markdown_reference
+
+    if markdown:
+        print(markdown_reference())
+        return
+    if kind not in SCHEMAS:
+        raise SimtrainError(f"schema: kind = {kind!r}: choose one of {sorted(SCHEMAS)} (or --markdown)")
+    print(json.dumps(json_schema(kind), indent=2))
 
 
 # torch-based commands (the optional `calibrate` extra; torch is imported only when they run)

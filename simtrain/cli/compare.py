@@ -16,9 +16,11 @@ from ..engine import DeadlockError
 from ..errors import SimtrainError
 from ..export import check_output_path, write_chrome_trace, write_output, write_trace_csv
 from ..hardware import GiB, HardwareProfile
+from ..importers import read_job
 from ..metrics import Report
 from ..models import ModelSpec
 from ..parallel import ParallelConfig
+from ..progress import progress
 from ..scenario import ScheduleRun, run_schedule
 from ..schedules import Schedule, split_name
 from ..schedules.io import read_torch_csv
@@ -31,7 +33,7 @@ from .settings import Settings, fit_to_file, load_settings, parallel_from
 @app.command()
 @user_errors
 def compare(
-    scenario: Annotated[Optional[Path], typer.Argument(help="scenario YAML (default: dashboards/default.yaml)")] = None,
+    scenario: Annotated[Optional[Path], typer.Argument(help="scenario YAML, or a built-in scenario name (default: 'default')")] = None,
     model: Annotated[Optional[str], typer.Option(help="model preset name or YAML file")] = None,
     hardware: Annotated[Optional[str], typer.Option(help="hardware profile name or YAML file")] = None,
     pp: Annotated[Optional[int], typer.Option(help="pipeline-parallel ranks")] = None,
@@ -64,19 +66,27 @@ def compare(
     sweep: Annotated[Optional[str], typer.Option(
         help="sweep one setting, e.g. microbatches=8,16,32,64 (also pp=, vp=, tp=, dp=, microbatch_size=)")] = None,
     trace_path: Annotated[Optional[Path], typer.Option(
-        "--trace", help="write a Chrome/Perfetto trace-event JSON file (a process per rank, a thread per stream)")] = None,
+        "--trace", help="write a Chrome/Perfetto trace-event JSON file, gzipped if it ends in .json.gz "
+        "(a process per rank, a thread per stream)")] = None,
     csv_path: Annotated[Optional[Path], typer.Option("--csv", help="write the trace table as CSV")] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite output files that simtrain did not write")] = False,
+    from_megatron: Annotated[Optional[Path], typer.Option(
+        help="take model and parallel settings from a Megatron-LM argument list (ARGS.txt or launch script)")] = None,
+    from_torchtitan: Annotated[Optional[Path], typer.Option(
+        help="take model and parallel settings from a torchtitan job file (JOB.toml)")] = None,
 ) -> None:
     """Simulate one training step for each schedule and compare them (table + HTML dashboard)."""
     overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
                      seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
                      a2a_links=a2a_links, forward_only=True if forward_only else None)
-    st = load_settings(scenario, model, hardware, overrides, op_times, no_comm)
+    job = read_job(from_megatron, from_torchtitan, dp)
+    for line in job.summary() if job else []:
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+    st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)
     plan = _plan_compare(st, schedules, schedule_file, sweep, pp, microbatches)
     inputs = [p for p in (scenario, Path(model) if model else None, Path(hardware) if hardware else None,
-                          schedule_file) if p]
+                          schedule_file, from_megatron, from_torchtitan) if p]
     outputs = _check_outputs(st, out_path, as_json, trace_path, csv_path, inputs, force)
     plan = _at_sweep_point(st, plan)
     runs, sweep_rows = _run_compare(st, plan)
@@ -166,7 +176,7 @@ def _check_outputs(st: Settings, out_path: Path | None, as_json: bool, trace_pat
     """The (dashboard, trace, csv) paths to write, each checked by :func:`check_output_path`."""
     html_path = out_path or (None if as_json else Path(st.scenario.out or "simtrain-compare.html"))
     for path, flag, suffix in ((html_path, "--out" if out_path else f"{st.source}: field 'out'", ".html"),
-                               (trace_path, "--trace", ".json"), (csv_path, "--csv", ".csv")):
+                               (trace_path, "--trace", (".json", ".json.gz")), (csv_path, "--csv", ".csv")):
         if path is not None:
             check_output_path(path, flag, suffix, inputs, force)
     return html_path, trace_path, csv_path
@@ -179,17 +189,23 @@ def _run_compare(st: Settings, plan: _ComparePlan) -> tuple[list[ScheduleRun], p
         SimtrainError: the imported order deadlocks, or no sweep point could be simulated.
     """
     spec, hw, parallel, times, comm = st.model, st.hardware, plan.parallel, st.op_times, st.comm
-    runs = [run_schedule(n, spec, hw, parallel, op_times=times, comm=comm) for n in plan.names]
-    if plan.imported is not None:
-        try:
-            runs.append(run_schedule(plan.imported, spec, hw, parallel, op_times=times, comm=comm))
-        except DeadlockError as exc:
-            raise SimtrainError(f"--schedule-file {plan.schedule_file}: the order cannot run: {exc}") from None
-    sweep_rows = None
-    if plan.sweep is not None:
-        sweep_rows = run_sweep(plan.names, spec, hw, parallel, plan.sweep, op_times=times, comm=comm)
-        if sweep_rows["error"].notna().all():
-            raise SimtrainError(f"--sweep: no point could be simulated; first reason: {sweep_rows['error'].iloc[0]}")
+    steps = len(plan.names) + (plan.imported is not None) + len(plan.names) * len(plan.sweep.values if plan.sweep else [])
+    with progress(err, steps, "simulating") as advance:
+        runs = []
+        for name in plan.names:
+            runs.append(run_schedule(name, spec, hw, parallel, op_times=times, comm=comm))
+            advance(name)
+        if plan.imported is not None:
+            try:
+                runs.append(run_schedule(plan.imported, spec, hw, parallel, op_times=times, comm=comm))
+            except DeadlockError as exc:
+                raise SimtrainError(f"--schedule-file {plan.schedule_file}: the order cannot run: {exc}") from None
+        sweep_rows = None
+        if plan.sweep is not None:
+            sweep_rows = run_sweep(plan.names, spec, hw, parallel, plan.sweep, op_times=times, comm=comm,
+                                   on_point=advance)
+            if sweep_rows["error"].notna().all():
+                raise SimtrainError(f"--sweep: no point could be simulated; first reason: {sweep_rows['error'].iloc[0]}")
     return runs, sweep_rows
 
 

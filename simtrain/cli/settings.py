@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from ..errors import SimtrainError
 from ..hardware import HardwareProfile, load_profile
+from ..importers import ImportedJob
 from ..models import ModelSpec, load_model
 from ..parallel import ParallelConfig
 from ..scenario import DEFAULT_SCENARIO, Scenario, load_scenario
@@ -61,13 +62,19 @@ class Settings:
 
 
 def load_settings(scenario: Path | None, model: str | None, hardware: str | None, overrides: dict,
-              op_times: str | None, no_comm: bool) -> Settings:
-    """Merge the scenario file (default: dashboards/default.yaml) with the flags; validate all."""
-    flags_only = scenario is None and model is not None  # --hardware alone: the default scenario on it
+                  op_times: str | None, no_comm: bool, job: ImportedJob | None = None) -> Settings:
+    """Merge the scenario file (default: the built-in scenario 'default'), or a job imported with
+    ``--from-megatron``/``--from-torchtitan``, with the flags; validate all."""
+    flags_only = scenario is None and (model is not None or job is not None)  # --hardware alone: the default
+    if job is not None:
+        if scenario is not None or model is not None:
+            raise SimtrainError(f"{job.source} gives the model and the parallel settings: drop the scenario file "
+                                "and --model")
+        overrides = {**job.parallel, **{k: v for k, v in overrides.items() if v is not None}}
     if flags_only:
         if hardware is None:
             raise SimtrainError("give both --model and --hardware (or a scenario file)")
-        base = Scenario(model=model, hardware=hardware)
+        base = Scenario(model=model or job.model.name, hardware=hardware, **({"schedules": job.schedules} if job else {}))
         source = "command line"
     else:
         path = scenario or DEFAULT_SCENARIO
@@ -75,7 +82,8 @@ def load_settings(scenario: Path | None, model: str | None, hardware: str | None
         source = str(path)
     parallel = parallel_from(base.parallel.model_dump(exclude_unset=True), overrides, source)
     times = parse_op_times(op_times) if op_times else base.op_times
-    return Settings(base, source, flags_only, load_model(model or base.model), load_profile(hardware or base.hardware),
+    spec = job.model if job is not None else load_model(model or base.model)
+    return Settings(base, source, flags_only, spec, load_profile(hardware or base.hardware),
                      parallel, times, not (no_comm or base.no_comm))
 
 

@@ -170,7 +170,7 @@ def _predict(metric: str, run: ScheduleRun, model: ModelSpec, parallel: Parallel
         flops = 96 * batch * s * l * h**2 * (1 + s / (6 * h) + v / (16 * l * h))
         return flops / (step * gpus) / TFLOPS
     if metric == "hw_tflops_8pt":
-        params = case.params_for_tflops or model.total_params()
+        params = case.params_for_tflops or model.total_params
         return 8 * params * batch * s / (step * gpus) / TFLOPS
     if metric == "model_tflops":
         return rep.model_flops / (step * gpus) / TFLOPS

@@ -94,7 +94,9 @@ def parse_torch_csv(text: str, name: str, source: str) -> Schedule:
 
 
 def read_torch_csv(path: Path) -> Schedule:
-    """Read a torch schedule CSV file (see :func:`parse_torch_csv`); the name is the file's stem.
+    """Read a torch schedule CSV file (see :func:`parse_torch_csv`); the name is the file's stem,
+    or its file name (``1f1b.csv``) when the stem is a built-in schedule's name, so that an
+    imported order never shows under a built-in's name beside it.
 
     Raises:
         SimtrainError: the file cannot be read.
@@ -106,7 +108,13 @@ def read_torch_csv(path: Path) -> Schedule:
         raise SimtrainError(f"--schedule-file {path}: file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SimtrainError(f"--schedule-file {path}: cannot read the file ({exc})") from None
-    return parse_torch_csv(text, path.stem, str(path))
+    from . import REGISTRY, split_name
+
+    try:
+        builtin = split_name(path.stem)[0] in REGISTRY
+    except SimtrainError:
+        builtin = False
+    return parse_torch_csv(text, path.name if builtin else path.stem, str(path))
 
 
 def format_torch_csv(schedule: Schedule) -> str:

@@ -161,7 +161,8 @@ def write_dashboard(path: Path, panels: list[Panel], title: str, subtitle: str =
                     + sweep_table_html(sweep.rows, sweep.field) + "</section>")
     if panels:
         note = ("Step time is split, per rank on average, into compute by kind, communication the rank waits on "
-                "(exposed), and the rest of the idle time. Bubble = 1 − compute-busy / (ranks × step time).")
+                "(exposed), and the rest of the idle time, the pipeline bubble. Bubble = that idle time / step time; "
+                "exposed communication is its own bar.")
         body.append("<section id='summary'><h2>Summary</h2>" + summary_table_html(reports)
                     + kinds_legend_html(kinds | {"exposed comm", "idle"}) + "</section>")
         body.append(f"<section id='compare'><p class='note'>{html.escape(note)}</p>"

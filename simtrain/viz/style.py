@@ -45,7 +45,7 @@ KIND_NAMES = {
     "dispatch": "EP dispatch (all-to-all)",
     "combine": "EP combine (all-to-all)",
     "exposed comm": "exposed communication",
-    "idle": "idle (bubble)",
+    "idle": "idle (pipeline bubble)",
 }
 
 KIND_ORDER = list(KIND_COLORS)

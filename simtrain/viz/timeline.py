@@ -124,6 +124,7 @@ def timeline_figure(trace: pd.DataFrame, title: str = "", x_max_ms: float | None
                               "%{customdata[2]:.3f} → %{customdata[3]:.3f} ms (%{customdata[4]:.3f} ms)"
                               "<br>%{customdata[5]}<extra></extra>",
             ))
+    _add_pair_outlines(fig, trace)
     # light bands behind alternate ranks
     reversed_rows = rows[::-1]
     pos = {name: i for i, name in enumerate(reversed_rows)}
@@ -142,6 +143,51 @@ def timeline_figure(trace: pd.DataFrame, title: str = "", x_max_ms: float | None
                    tickvals=reversed_rows, ticktext=ticks[::-1], showgrid=False, fixedrange=False),
     )
     return fig
+
+
+_SLICE = r" \(\d+/\d+\)$"
+
+
+def pair_spans(trace: pd.DataFrame) -> pd.DataFrame:
+    """The overlapped F&B pairs of a trace: per rank, a forward and a backward action cut into slices (``"0F7 (1/4)"``) whose time spans interleave
+    (:func:`simtrain.lowering.chains.pair_chains` cuts a pair into one slice per layer).
+
+    Returns:
+        One row per pair: ``rank``, ``start_s``, ``end_s``, ``name`` (``"0F7 & 7B3"``); empty when
+        the trace has none.
+    """
+    comp = trace[(trace["category"] == "compute") & trace["name"].astype(str).str.contains(_SLICE, regex=True)]
+    if comp.empty:
+        return pd.DataFrame(columns=["rank", "start_s", "end_s", "name"])
+    comp = comp.assign(action=comp["name"].astype(str).str.replace(_SLICE, "", regex=True))
+    spans = comp.groupby(["rank", "action"], sort=False).agg(
+        start_s=("start_s", "min"), end_s=("end_s", "max"), kind=("kind", "first")).reset_index()
+    rows = []
+    for rank, part in spans.groupby("rank", sort=False):
+        fwd, bwd = part[part["kind"] == "F"], part[part["kind"] != "F"]
+        for f in fwd.itertuples():
+            match = bwd[(bwd["start_s"] < f.end_s) & (bwd["end_s"] > f.start_s)]
+            if not match.empty:
+                b = match.iloc[0]
+                rows.append(dict(rank=rank, start_s=min(f.start_s, b["start_s"]), end_s=max(f.end_s, b["end_s"]),
+                                 name=f"{f.action} & {b['action']}"))
+    return pd.DataFrame(rows, columns=["rank", "start_s", "end_s", "name"])
+
+
+def _add_pair_outlines(fig: go.Figure, trace: pd.DataFrame) -> None:
+    """An outlined bar around each overlapped F&B pair, with its own legend entry."""
+    pairs = pair_spans(trace)
+    if pairs.empty:
+        return
+    fig.add_trace(go.Bar(
+        name=name_of("F&B"), legendgroup="F&B", orientation="h",
+        y=[f"rank {int(r)} · {COMPUTE_LANE}" for r in pairs["rank"]],
+        x=(pairs["end_s"] - pairs["start_s"]) * MS, base=pairs["start_s"] * MS, width=0.98,
+        marker=dict(color="rgba(0,0,0,0)", line=dict(width=2, color=color_of("F&B"))),
+        customdata=list(zip(pairs["name"], pairs["start_s"] * MS, pairs["end_s"] * MS)),
+        hovertemplate="<b>overlapped pair %{customdata[0]}</b><br>%{customdata[1]:.3f} → %{customdata[2]:.3f} ms"
+                      "<extra></extra>",
+    ))
 
 
 def memory_figure(memory: pd.DataFrame, hbm_bytes: float, title: str = "",

@@ -1,0 +1,188 @@
+"""The Python API: simulate one schedule, or compare several, from a notebook or a script.
+
+Everything here is a thin layer over :func:`simtrain.scenario.run_schedule`, the same call
+``simtrain compare`` makes, so a :class:`Report` carries exactly the numbers of the CLI's ``--json``
+row. Units are SI: seconds, bytes, FLOP/s; ratios in [0, 1].
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pydantic import ValidationError
+
+from .errors import SimtrainError, describe_validation_error
+from .hardware import HardwareProfile, load_profile
+from .metrics import Report as _MetricsReport
+from .models import ModelSpec
+from .models import load_model as _load_model
+from .parallel import ParallelConfig
+from .scenario import ScheduleRun, run_schedule
+from .schedules import split_name
+
+__all__ = ["simulate", "compare", "load_model", "load_hardware", "Report", "Comparison"]
+
+
+def load_model(name_or_path: str | Path) -> ModelSpec:
+    """A model by preset name (``llama3-8b``), model YAML file, or HuggingFace ``config.json``.
+
+    Returns:
+        The :class:`~simtrain.models.ModelSpec`; ``.total_params`` and ``.activated_params`` count
+        its parameters.
+
+    Raises:
+        SimtrainError: unknown name, missing or malformed file, an invalid field, or an HF
+            ``model_type`` simtrain does not map.
+    """
+    return _load_model(name_or_path)
+
+
+def load_hardware(name_or_path: str | Path) -> HardwareProfile:
+    """A hardware profile by built-in name (``h100-sxm``) or YAML file path, in SI units.
+
+    Raises:
+        SimtrainError: unknown name, missing or malformed file, or an invalid field.
+    """
+    return load_profile(name_or_path)
+
+
+@dataclass
+class Report(_MetricsReport):
+    """One schedule's simulated step: every field of the ``simtrain compare --json`` row (see
+    :class:`simtrain.metrics.Report` for their definitions), plus
+
+    Attributes:
+        trace: the task table (one row per compute/communication task; ``start_s``, ``end_s`` in s).
+        memory: the memory table (``rank``, ``time_s``, ``bytes``).
+        run: the :class:`~simtrain.scenario.ScheduleRun` (schedule, costs, engine result).
+
+    In a notebook the report shows as its summary table and timeline (:meth:`_repr_html_`).
+    """
+
+    trace: pd.DataFrame | None = field(default=None, repr=False, compare=False)
+    memory: pd.DataFrame | None = field(default=None, repr=False, compare=False)
+    run: ScheduleRun | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_run(cls, run: ScheduleRun) -> Report:
+        """Wrap a :class:`ScheduleRun` (its metrics report, trace and memory)."""
+        row = {name: getattr(run.report, name) for name in run.report.__dataclass_fields__}
+        return cls(**row, trace=run.result.trace, memory=run.result.memory, run=run)
+
+    def to_row(self) -> dict:
+        """The ``--json`` row: a JSON-serialisable dict without the trace and memory tables."""
+        return self.run.report.to_row() if self.run is not None else {
+            k: v for k, v in super().to_row().items() if k not in ("trace", "memory", "run")}
+
+    def _repr_html_(self) -> str:
+        """Summary table and timeline as HTML (for Jupyter; plotly.js as the notebook renders it)."""
+        from .viz import summary_table_html, timeline_figure
+
+        fig = timeline_figure(self.trace, title=f"{self.schedule}: timeline")
+        return summary_table_html([self.run.report]) + fig._repr_html_()
+
+
+class Comparison(list):
+    """The :class:`Report` of each schedule compared, in the order asked for."""
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per schedule with the scalar fields of the ``--json`` row."""
+        rows = [{k: v for k, v in r.to_row().items() if not isinstance(v, (list, dict))} for r in self]
+        return pd.DataFrame(rows)
+
+    def write_html(self, path: str | Path, title: str = "simtrain comparison") -> Path:
+        """Write the comparison dashboard (the page ``simtrain compare --out`` writes: summary,
+        bars, and per schedule a timeline, memory and link use; self-contained, opens offline).
+
+        Returns:
+            The path written.
+        """
+        from .viz import Panel, write_dashboard
+
+        path = Path(path)
+        write_dashboard(path, [Panel(r.run.report, r.trace, r.memory) for r in self], title)
+        return path
+
+    def _repr_html_(self) -> str:
+        """The summary table of every schedule, then each timeline."""
+        from .viz import summary_table_html, timeline_figure
+
+        parts = [summary_table_html([r.run.report for r in self])]
+        parts += [timeline_figure(r.trace, title=f"{html.escape(r.schedule)}: timeline")._repr_html_() for r in self]
+        return "".join(parts)
+
+
+def _inputs(model, hardware, parallel: dict[str, Any]) -> tuple[ModelSpec, HardwareProfile, ParallelConfig]:
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
+    try:
+        config = ParallelConfig.model_validate({k: v for k, v in parallel.items() if v is not None})
+    except ValidationError as exc:
+        raise SimtrainError(describe_validation_error(exc, "simtrain.simulate()")) from None
+    return spec, hw, config
+
+
+def compare(
+    model: str | Path | ModelSpec,
+    hardware: str | Path | HardwareProfile,
+    *,
+    schedules: list[str] | tuple[str, ...] = ("gpipe", "1f1b"),
+    tp: int | None = None, pp: int | None = None, dp: int | None = None, ep: int | None = None,
+    vp: int | None = None, microbatches: int | None = None, microbatch_size: int | None = None,
+    seq_len: int | None = None, op_times: tuple[float, float, float] | None = None, comm: bool = True,
+    **options: Any,
+) -> Comparison:
+    """Simulate one training step per schedule, as ``simtrain compare --model ... --hardware ...``.
+
+    Args:
+        model: preset name, model YAML or HF ``config.json`` path, or a ModelSpec.
+        hardware: profile name or YAML path, or a HardwareProfile.
+        schedules: schedule names as ``compare --schedules`` takes them (``1f1b+waved-ep`` too).
+        tp, pp, dp, ep, vp, microbatches, microbatch_size, seq_len: the ParallelConfig degrees and
+            step shape (None: its default, as when the CLI flag is left out; seq_len in tokens).
+        op_times: fixed (F, I, W) seconds per action instead of the cost model.
+        comm: False makes all communication free (``--no-comm``).
+        **options: any other :class:`~simtrain.parallel.ParallelConfig` field (``dtype``,
+            ``zero_stage``, ``recompute``, ``waves``, ``expert_imbalance``, ...).
+
+    Returns:
+        A :class:`Comparison` (a list of :class:`Report`).
+
+    Raises:
+        SimtrainError: bad input, an unknown schedule, or a configuration that cannot run
+            (static memory over HBM, a model/parallel mismatch).
+    """
+    spec, hw, config = _inputs(model, hardware, dict(
+        tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
+        seq_len=seq_len, **options))
+    if isinstance(schedules, str):
+        schedules = [schedules]
+    for name in schedules:
+        split_name(name)
+    return Comparison(Report.from_run(run_schedule(name, spec, hw, config, op_times=op_times, comm=comm))
+                      for name in schedules)
+
+
+def simulate(
+    model: str | Path | ModelSpec,
+    hardware: str | Path | HardwareProfile,
+    *,
+    schedule: str = "1f1b",
+    **kwargs: Any,
+) -> Report:
+    """Simulate one training step of one schedule; the arguments are :func:`compare`'s, with one
+    ``schedule`` name instead of a list.
+
+    Returns:
+        The :class:`Report`; ``simulate(model="llama3-8b", hardware="h100-sxm", tp=8,
+        schedule="1f1b").step_time_s`` is the ``step_time_s`` of ``simtrain compare --model
+        llama3-8b --hardware h100-sxm --tp 8 --schedules 1f1b --json``.
+
+    Raises:
+        SimtrainError: as :func:`compare`.
+    """
+    return compare(model, hardware, schedules=[schedule], **kwargs)[0]

@@ -1,0 +1,83 @@
+"""The Python API: simulate() gives the CLI's numbers, a Report carries the --json row plus the
+trace and memory tables and renders in a notebook, and `import simtrain` stays light."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import simtrain
+from simtrain.cli import app
+
+
+def test_simulate_equals_the_cli():
+    res = CliRunner().invoke(app, ["compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--tp", "8",
+                                   "--schedules", "1f1b", "--json"])
+    assert res.exit_code == 0, res.output
+    [row] = json.loads(res.stdout)
+    report = simtrain.simulate(model="llama3-8b", hardware="h100-sxm", tp=8, schedule="1f1b")
+    assert report.step_time_s == row["step_time_s"]
+    assert report.to_row() == row  # every field of the row, same values
+    names = {f.name for f in dataclasses.fields(report)}
+    assert names == set(row) | {"trace", "memory", "run"}
+    assert isinstance(report.trace, pd.DataFrame) and {"start_s", "end_s", "rank"} <= set(report.trace.columns)
+    assert isinstance(report.memory, pd.DataFrame) and report.memory["bytes"].max() == max(row["peak_memory_bytes"])
+
+
+def test_compare_keeps_the_order_and_options_reach_the_config():
+    reports = simtrain.compare(model="llama3-8b", hardware="h100-sxm", pp=4, microbatches=8,
+                               schedules=["1f1b", "gpipe"], op_times=(1.0, 1.0, 1.0), comm=False)
+    assert [r.schedule for r in reports] == ["1f1b", "gpipe"]
+    assert reports[1].step_time_s == pytest.approx(3 * (8 + 4 - 1))  # F + I + W per microbatch-stage
+    frame = reports.to_frame()
+    assert list(frame["schedule"]) == ["1f1b", "gpipe"] and "step_time_s" in frame
+    full = simtrain.simulate(model="llama3-8b", hardware="h100-sxm", tp=8, recompute="full")
+    plain = simtrain.simulate(model="llama3-8b", hardware="h100-sxm", tp=8, recompute="none")
+    assert full.step_time_s > plain.step_time_s  # full recomputation reruns the forward
+
+
+def test_bad_input_is_a_simtrain_error():
+    with pytest.raises(simtrain.SimtrainError, match="field 'tp' = 0"):
+        simtrain.simulate(model="llama3-8b", hardware="h100-sxm", tp=0)
+    with pytest.raises(simtrain.SimtrainError, match="unknown model"):
+        simtrain.simulate(model="llama9", hardware="h100-sxm")
+
+
+def test_report_renders_in_a_notebook():
+    report = simtrain.simulate(model="llama3-8b", hardware="h100-sxm", pp=2, microbatches=4, op_times=(1, 1, 1))
+    page = report._repr_html_()
+    assert "<table" in page and "1f1b" in page and "plotly" in page.lower()
+    both = simtrain.compare(model="llama3-8b", hardware="h100-sxm", pp=2, microbatches=4, op_times=(1, 1, 1),
+                            schedules=["gpipe", "1f1b"])._repr_html_()
+    assert both.count("timeline") >= 2
+
+
+def test_models_and_hardware_load_by_name():
+    model = simtrain.load_model("mixtral-8x7b")
+    assert model.activated_params < model.total_params
+    assert simtrain.load_hardware("h100-sxm").hbm_bytes == 80 * 2**30
+
+
+def test_import_simtrain_is_light():
+    code = ("import sys, simtrain; print(simtrain.__version__); "
+            "print(sorted(m for m in ('plotly', 'simpy', 'pandas', 'pydantic', 'typer') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == simtrain.__version__ != "0+unknown"
+    assert out[1] == "[]"
+
+
+def test_the_example_runs(tmp_path):
+    from conftest import ROOT
+
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "compare_schedules.py")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "fastest:" in res.stdout
+    page = (tmp_path / "compare_schedules.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<title>Llama 3 70B on 64 H100s</title>" in page

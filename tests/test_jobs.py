@@ -1,0 +1,83 @@
+"""Megatron-LM argument lists and torchtitan job files as input: model and parallel settings are
+mapped, what was read and ignored is printed, and compare runs with them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import simtrain
+from simtrain.cli import app
+from simtrain.errors import SimtrainError
+from simtrain.importers.megatron import read_megatron_args
+from simtrain.importers.torchtitan import read_torchtitan_toml
+from simtrain.schedules.names import canonical_schedule
+
+from conftest import DATA
+
+JOBS = DATA / "jobs"
+runner = CliRunner()
+
+
+def test_megatron_arguments_map_model_and_parallel():
+    job = read_megatron_args(JOBS / "megatron_llama3_70b.txt")
+    preset = simtrain.load_model("llama3-70b")
+    m = job.model
+    assert (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_heads, m.kv_heads) == (80, 8192, 28672, 64, 8)
+    assert (m.activation, m.norm, m.bias, m.tied_embeddings, m.learned_positions, m.dropout) == \
+        ("swiglu", "rmsnorm", False, False, False, False)
+    assert m.vocab_size == 129024  # 128256 padded to a multiple of 128 x tp (Megatron's _vocab_size_with_padding)
+    assert m.total_params - preset.total_params == 2 * (129024 - 128256) * 8192
+    # 64 GPUs (torchrun --nnodes 8 --nproc-per-node 8) / (tp 8 x pp 4) = dp 2; 32 sequences / (1 x 2) = 16
+    assert job.parallel == dict(tp=8, pp=4, dp=2, vp=2, ep=1, microbatch_size=1, microbatches=16, seq_len=8192,
+                                dtype="bf16", zero_stage=1, sequence_parallel=True, recompute="full")
+    assert job.schedules == ["interleaved-1f1b"]
+    assert {"--overlap-grad-reduce", "--lr", "--data-path"} <= set(job.ignored)
+    assert "--num-layers 80" in job.mapped
+
+
+def test_megatron_without_the_model_is_an_error(tmp_path):
+    path = tmp_path / "args.txt"
+    path.write_text("--hidden-size 4096 --num-attention-heads 32 --vocab-size 32000\n")
+    with pytest.raises(SimtrainError, match="--num-layers is missing"):
+        read_megatron_args(path)
+
+
+def test_torchtitan_job_maps_model_and_parallel():
+    job = read_torchtitan_toml(JOBS / "torchtitan_llama3_70b.toml", dp=4)
+    assert job.model.name == "llama3-70b"
+    assert job.parallel == dict(tp=8, pp=4, dp=4, vp=2, ep=1, microbatch_size=1, microbatches=8, seq_len=8192,
+                                dtype="bf16", zero_stage=1, recompute="full")
+    assert job.schedules == ["interleaved-1f1b"]  # torch's Interleaved1F1B
+    assert any("ZeRO-3" in note for note in job.ignored) and "training.steps" in job.ignored
+    assert not any(k.startswith("optimizer.") for k in job.ignored)  # never changes a step's cost
+
+
+def test_torchtitan_unknown_flavor_is_an_error(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text('[model]\nname = "llama3"\nflavor = "13B"\n')
+    with pytest.raises(SimtrainError, match="flavor = '13B'"):
+        read_torchtitan_toml(path)
+
+
+def test_torch_schedule_names_are_aliases():
+    assert canonical_schedule("ZBVZeroBubble") == "zbv"
+    assert canonical_schedule("ScheduleInterleaved1F1B") == "interleaved-1f1b"
+    assert canonical_schedule("1F1B") == "1f1b" and canonical_schedule("zb-h1") == "zb-h1"
+    with pytest.raises(SimtrainError, match="unknown schedule 'Zigzag'"):
+        canonical_schedule("Zigzag")
+
+
+@pytest.mark.parametrize("flag, path", [("--from-megatron", "megatron_llama3_70b.txt"),
+                                        ("--from-torchtitan", "torchtitan_llama3_70b.toml")])
+def test_compare_runs_an_imported_job(flag, path):
+    res = runner.invoke(app, ["compare", flag, str(JOBS / path), "--hardware", "h100-sxm", "--dp", "2",
+                              "--microbatches", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    assert "read:" in res.stderr and "ignored:" in res.stderr and "simulating:" in res.stderr
+    [row] = json.loads(res.stdout)
+    assert row["schedule"] == "interleaved-1f1b" and row["gpus"] == 8 * 4 * 2
+    again = runner.invoke(app, ["compare", flag, str(JOBS / path), "--model", "llama3-8b", "--hardware", "h100-sxm"])
+    assert again.exit_code == 2 and "drop the scenario file and --model" in again.output

@@ -24,7 +24,7 @@ from simtrain.plan import PlanRequest, search, summarise
 from simtrain.plan_backends import LocalBackend
 from simtrain.scenario import run_schedule
 from simtrain.schedules import REGISTRY
-from simtrain.viz_plan import config_label
+from simtrain.viz.plan import config_label
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test,calibrate]' '$(TORCH)'
+	$(BIN)/python -m pip install -q -e '.[test,calibrate,ray]' '$(TORCH)'
 	touch $@
 
 demo: $(VENV)/.core

@@ -5,6 +5,10 @@
 per (schedule, value): bubble ratio, tokens/s, peak memory and step time. A point that cannot be
 simulated (a schedule that does not take that value, static memory over HBM, ...) becomes a row
 with its ``error`` and no numbers, so one impossible point does not hide the others.
+
+A sweep over pp, tp or dp changes the GPU count, so every row also carries its GPUs, tokens/s per
+GPU and MFU, which compare points of different sizes fairly (the table shows them; the plot draws
+tokens/s per GPU when the GPU count varies).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from .scenario import run_schedule
 SWEEPABLE = ("microbatches", "pp", "vp", "tp", "dp", "microbatch_size")
 """ParallelConfig fields a sweep may vary."""
 
-ROW_COLUMNS = ["schedule", "field", "value", "step_time_s", "bubble_ratio", "tokens_per_s", "mfu",
+ROW_COLUMNS = ["schedule", "field", "value", "gpus", "step_time_s", "bubble_ratio", "tokens_per_s",
+               "tokens_per_s_per_gpu", "mfu",
                "peak_memory_bytes", "hbm_bytes", "fits_in_hbm", "error"]
 """Columns of :func:`run_sweep`'s table (SI units; ``peak_memory_bytes`` is the worst rank's)."""
 
@@ -135,6 +140,7 @@ def run_sweep(
             rows.append(dict(
                 schedule=name, field=spec.field, value=value, step_time_s=report.step_time_s,
                 bubble_ratio=report.bubble_ratio, tokens_per_s=report.tokens_per_s, mfu=report.mfu,
+                gpus=report.gpus, tokens_per_s_per_gpu=report.tokens_per_s / report.gpus,
                 peak_memory_bytes=max(report.peak_memory_bytes), hbm_bytes=report.hbm_bytes,
                 fits_in_hbm=report.fits_in_hbm, error=None,
             ))

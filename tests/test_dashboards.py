@@ -81,7 +81,7 @@ def test_sweep_flag_over_pp_and_the_dashboard_holds_the_sweep(tmp_path):
     assert "sweep over pp" in res.stdout
     assert "TP 1 x PP 2 x DP 1" in res.stdout  # the detailed comparison: the swept value nearest pp = 1
     text = out.read_text()
-    assert "sweep over pp" in text and "throughput (tokens" in text
+    assert "sweep over pp" in text and "throughput per GPU (tokens" in text  # pp changes the GPUs
 
 
 def test_impossible_sweep_points_are_reported_not_fatal(tmp_path):
@@ -149,3 +149,24 @@ def test_coarsen_trace_merges_an_actions_close_subtasks_only():
     assert 0 < tol < 100 and len(merged) == 3
     assert merged[["start_s", "end_s"]].values.tolist() == [[0.0, 50.0], [100.0, 150.0], [400.0, 401.0]]
     assert merged["name"].tolist() == ["0F0: 50 tasks", "0F1: 50 tasks", "late"]
+
+
+def test_a_sweep_that_changes_the_gpu_count_compares_per_gpu(tmp_path):
+    """pp = 2, 4, 8 runs on 2, 4, 8 GPUs: rows, table and plot carry GPUs, tokens/s per GPU and MFU."""
+    out = tmp_path / "s.html"
+    res = invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--microbatches", "8",
+                 "--seq-len", "2048", "--schedules", "1f1b", "--sweep", "pp=2,4,8", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert "GPUs" in res.stdout and "tokens/s/GPU" in res.stdout and "MFU" in res.stdout
+    res = invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--microbatches", "8",
+                 "--seq-len", "2048", "--schedules", "1f1b", "--sweep", "pp=2,4,8", "--json")
+    rows = json.loads(res.stdout)["sweep"]
+    assert [r["gpus"] for r in rows] == [2, 4, 8]
+    for r in rows:
+        assert r["tokens_per_s_per_gpu"] == pytest.approx(r["tokens_per_s"] / r["gpus"])
+        assert 0 < r["mfu"] < 1
+    # raw tokens/s grows with the GPUs; per GPU it does not (the pipeline bubble grows with pp)
+    assert rows[2]["tokens_per_s"] > rows[0]["tokens_per_s"]
+    assert rows[2]["tokens_per_s_per_gpu"] < rows[0]["tokens_per_s_per_gpu"]
+    text = out.read_text()
+    assert "throughput per GPU (tokens" in text and "tokens/s/GPU" in text

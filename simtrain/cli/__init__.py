@@ -1,5 +1,5 @@
 """Command line: ``simtrain compare``, ``simtrain export-schedule``, ``simtrain overlay``,
-``simtrain profiles``, ``simtrain models``, and the torch-based ``simtrain calibrate`` and
+``simtrain profiles``, ``simtrain models``, ``simtrain plan`` (:mod:`.plan`), and the torch-based ``simtrain calibrate`` and
 ``simtrain validate`` (:mod:`simtrain.calibration.commands`).
 
 Every user error ends as one line ``error: ...`` on stderr and exit status 2, never a traceback
@@ -12,6 +12,7 @@ flags), :mod:`.compare` and :mod:`.commands` (the commands, registered on import
 
 from . import compare  # noqa: F401  (registers ``compare`` first, as ``--help`` lists it)
 from . import commands  # noqa: F401,I001  (registers the other commands)
+from . import plan  # noqa: F401,I001  (registers ``plan``)
 from .app import app, main, user_errors
 
 __all__ = ["app", "main", "user_errors"]

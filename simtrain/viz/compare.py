@@ -87,29 +87,35 @@ def sweep_figure(rows: pd.DataFrame, field: str, pp: int | None = None) -> go.Fi
 
     Args:
         rows: one row per (schedule, value) with columns ``schedule``, ``value``,
-            ``bubble_ratio``, ``tokens_per_s``, ``peak_memory_bytes`` (worst rank), ``hbm_bytes``
+            ``bubble_ratio``, ``tokens_per_s``, ``peak_memory_bytes`` (worst rank), ``hbm_bytes``,
+            ``gpus``, ``tokens_per_s_per_gpu``, ``mfu`` (tokens/s per GPU is drawn when ``gpus`` varies)
             and ``error`` (None, or why that point could not be simulated: it is left out).
         field: the swept parameter (``microbatches``, ``pp``, ``vp`` ...).
         pp: pipeline ranks; with ``field == "microbatches"`` the figure adds the GPipe/1F1B
             formula (p-1)/(m+p-1) (GPipe, Huang et al. 2019, §2.3; bubble over makespan) as a
             dashed reference line.
     """
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(
-        "bubble ratio", "throughput (tokens/s)", "peak memory (GiB, worst rank)"))
     ok = rows[rows["error"].isna()] if "error" in rows else rows
+    per_gpu = "gpus" in ok and ok["gpus"].nunique() > 1  # a pp/tp/dp sweep: compare per GPU
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(
+        "bubble ratio", "throughput per GPU (tokens/s/GPU)" if per_gpu else "throughput (tokens/s)",
+        "peak memory (GiB, worst rank)"))
     values = sorted(rows["value"].unique())
     for i, (schedule, part) in enumerate(ok.groupby("schedule", sort=False)):
         part = part.sort_values("value")
         color = schedule_color(i)
         dash = ("solid", "dash", "dot", "dashdot")[i % 4]  # coinciding lines stay visible
         symbol = ("circle", "diamond", "square", "triangle-up", "x", "star")[i % 6]
-        for col, y, fmt in ((1, part["bubble_ratio"], ".1%"), (2, part["tokens_per_s"], ",.0f"),
+        throughput = part["tokens_per_s_per_gpu"] if per_gpu else part["tokens_per_s"]
+        extra = "<br>%{customdata[0]} GPUs, MFU %{customdata[1]:.1%}" if per_gpu else ""
+        for col, y, fmt in ((1, part["bubble_ratio"], ".1%"), (2, throughput, ",.0f"),
                             (3, part["peak_memory_bytes"] / GiB, ".1f")):
             fig.add_trace(go.Scatter(
                 x=part["value"], y=y, mode="lines+markers", name=schedule, legendgroup=schedule,
                 showlegend=col == 1, line=dict(color=color, width=2.2, dash=dash),
                 marker=dict(size=9 - 2 * (i % 2), symbol=symbol),
-                hovertemplate=f"{schedule}<br>{field} = %{{x}}<br>%{{y:{fmt}}}<extra></extra>",
+                customdata=part[["gpus", "mfu"]].to_numpy() if per_gpu else None,
+                hovertemplate=f"{schedule}<br>{field} = %{{x}}<br>%{{y:{fmt}}}{extra}<extra></extra>",
             ), row=1, col=col)
     if field == "microbatches" and pp:
         xs = [v for v in values]

@@ -8,10 +8,10 @@ message on one line and exits with status 2; nothing else reaches the user as a 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+import math
+from typing import Annotated, Any
 
-import yaml
-from pydantic import BaseModel, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 
 class SimtrainError(Exception):
@@ -27,7 +27,9 @@ _NUMBER_TYPES = (int, float, int | None, float | None)
 
 class NumbersNotBooleans(BaseModel):
     """Base for user-facing schemas: a YAML ``true``/``false`` given for a number is an error
-    (pydantic would silently read it as 1/0)."""
+    (pydantic would silently read it as 1/0), and so is ``.inf`` or ``.nan`` for any float."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -36,6 +38,38 @@ class NumbersNotBooleans(BaseModel):
         if isinstance(value, bool) and field is not None and field.annotation in _NUMBER_TYPES:
             raise ValueError("expected a number, not true/false")
         return value
+
+
+def _range_text(gt: float | None, ge: float | None, le: float | None) -> str:
+    low = f"> {gt:g}" if gt is not None else f">= {ge:g}" if ge is not None else ""
+    high = f"<= {le:g}" if le is not None else ""
+    return " and ".join(x for x in (low, high) if x)
+
+
+def bounded(gt: float | None = None, ge: float | None = None, le: float | None = None) -> Any:
+    """A float field type that must be finite and within the given bounds.
+
+    Its error names the whole allowed range, also for ``.inf`` / ``.nan`` (pydantic's own
+    ``Field(gt=...)`` says only "should be a finite number" there), e.g. ``must be a finite
+    number > 0 and <= 1e+05``.
+
+    Args:
+        gt, ge: exclusive / inclusive lower bound (at most one).
+        le: inclusive upper bound.
+
+    Returns:
+        An ``Annotated[float, ...]`` type for a pydantic field.
+    """
+    allowed = _range_text(gt, ge, le)
+
+    def check(value: float) -> float:
+        ok = math.isfinite(value) and (gt is None or value > gt) and (ge is None or value >= ge) and (
+            le is None or value <= le)
+        if not ok:
+            raise ValueError(f"must be a finite number {allowed}")
+        return value
+
+    return Annotated[float, Field(allow_inf_nan=True), AfterValidator(check)]
 
 
 def describe_validation_error(err: ValidationError, source: str) -> str:
@@ -66,7 +100,8 @@ def describe_validation_error(err: ValidationError, source: str) -> str:
 
 
 def load_yaml_file(path: Path) -> Any:
-    """Read a YAML file, turning every I/O or syntax problem into a :class:`SimtrainError`.
+    """Read a YAML file safely (:func:`simtrain.loading.load_yaml`: a regular file of bounded
+    size, unique keys, bounded alias expansion), every problem a :class:`SimtrainError`.
 
     Args:
         path: the file to read.
@@ -75,25 +110,12 @@ def load_yaml_file(path: Path) -> Any:
         The parsed document (usually a dict).
 
     Raises:
-        SimtrainError: the file is missing, unreadable, or not valid YAML.
+        SimtrainError: the file is missing, not a regular file, too large, unreadable, or not
+            valid YAML.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SimtrainError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise SimtrainError(f"{path}: is a folder, expected a YAML file") from None
-    except UnicodeDecodeError:
-        raise SimtrainError(f"{path}: not a text (UTF-8) YAML file") from None
-    except OSError as exc:
-        raise SimtrainError(f"{path}: cannot read the file ({exc.strerror})") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SimtrainError(f"{path}: malformed YAML{where}: {problem}") from None
+    from .loading import load_yaml
+
+    return load_yaml(path)
 
 
 def validate_model(cls: type[BaseModel], data: Any, source: str) -> Any:
@@ -110,6 +132,8 @@ def validate_model(cls: type[BaseModel], data: Any, source: str) -> Any:
     Raises:
         SimtrainError: ``data`` is not a mapping or does not validate.
     """
+    if data is None:
+        raise SimtrainError(f"{source}: the file is empty; expected a mapping of fields")
     if not isinstance(data, dict):
         raise SimtrainError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
     try:

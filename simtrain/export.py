@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import atomic
 from .errors import SimtrainError
 from .trace import lane_order, lanes
 
@@ -141,8 +142,9 @@ def check_output_path(path: Path, flag: str, suffix: str | tuple[str, ...], inpu
         ``path``.
 
     Raises:
-        SimtrainError: wrong extension, a folder, a missing parent folder, one of ``inputs``, or
-            an existing file simtrain did not write (without ``force``).
+        SimtrainError: wrong extension, a folder, one of ``inputs``, an existing file simtrain did
+            not write (without ``force``), or a folder simtrain cannot write in
+            (:func:`simtrain.atomic.check_writable`).
     """
     path = Path(path)
     allowed = (suffix,) if isinstance(suffix, str) else suffix
@@ -156,11 +158,13 @@ def check_output_path(path: Path, flag: str, suffix: str | tuple[str, ...], inpu
     if path.exists() and not force and not _written_by_simtrain(path):
         raise SimtrainError(f"{flag} = {str(path)!r}: the file exists and was not written by simtrain; "
                             "choose another name or pass --force to overwrite it")
+    atomic.check_writable(path, flag)  # before the simulation, not after it
     return path
 
 
 def write_output(write: Callable[[], object], path: Path, flag: str) -> None:
-    """Run ``write`` (which writes ``path``), turning a file-system error into a SimtrainError.
+    """Run ``write`` (which writes ``path`` atomically, :mod:`simtrain.atomic`), turning a
+    file-system error or a non-finite number into a SimtrainError.
 
     Raises:
         SimtrainError: ``{flag} = path: cannot write the file (reason)``.
@@ -168,26 +172,24 @@ def write_output(write: Callable[[], object], path: Path, flag: str) -> None:
     try:
         write()
     except OSError as exc:
-        raise SimtrainError(f"{flag} = {str(path)!r}: cannot write the file ({exc.strerror or exc})") from None
+        raise SimtrainError(f"{flag} = {str(path)!r}: cannot write the file ({exc.strerror or exc}); "
+                            "nothing was changed") from None
+    except ValueError as exc:  # json's allow_nan=False: a non-finite number must never be written
+        raise SimtrainError(f"{flag} = {str(path)!r}: not written: {exc}") from None
 
 
 def write_chrome_trace(
     path: Path, traces: Mapping[str, pd.DataFrame], memories: Mapping[str, pd.DataFrame] | None = None
 ) -> Path:
-    """Write :func:`chrome_trace` to ``path`` (parent folders are created), gzip-compressed when
-    the name ends in ``.gz`` (Perfetto and chrome://tracing open ``.json.gz`` directly); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(chrome_trace(traces, memories), separators=(",", ":")).encode("utf-8")
-    if path.name.lower().endswith(".gz"):
+    """Write :func:`chrome_trace` to ``path`` atomically (parent folders are created), gzip-compressed
+    when the name ends in ``.gz`` (Perfetto and chrome://tracing open ``.json.gz`` directly); returns
+    the path."""
+    data = json.dumps(chrome_trace(traces, memories), separators=(",", ":"), allow_nan=False).encode("utf-8")
+    if str(path).lower().endswith(".gz"):
         data = gzip.compress(data, mtime=0)  # mtime 0: the same trace gives the same bytes
-    path.write_bytes(data)
-    return path
+    return atomic.write_bytes(Path(path), data)
 
 
 def write_trace_csv(path: Path, traces: Mapping[str, pd.DataFrame]) -> Path:
     """Write :func:`trace_table` as CSV (seconds and bytes) to ``path``; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    trace_table(traces).to_csv(path, index=False)
-    return path
+    return atomic.write_text(Path(path), trace_table(traces).to_csv(index=False))

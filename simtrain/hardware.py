@@ -27,7 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .errors import NumbersNotBooleans, SimtrainError, load_yaml_file, validate_model
+from .errors import NumbersNotBooleans, SimtrainError, bounded, load_yaml_file, validate_model
 
 PROFILE_DIR = Path(str(resources.files("simtrain").joinpath("hardware_profiles")))
 """The built-in profiles (package data)."""
@@ -44,6 +44,17 @@ TFLOPS = 1e12
 
 
 # ----------------------------------------------------------------------------- file schema
+# Allowed ranges of the profile's numbers: physical sign and finiteness, and an upper bound far
+# above any device (a B200 is 2.25 PFLOP/s bf16, 192 GB HBM at 8 TB/s, NVLink 5 at 900 GB/s per
+# direction; latencies are µs) so that a slip of units or sign is an error, not a result.
+# Lower bounds keep every simulated time finite (a rate of 1e-300 would overflow the step to inf).
+Bandwidth = bounded(ge=1e-6, le=1e6)        # GB/s (1 kB/s ... 1 PB/s)
+Latency = bounded(ge=0, le=1e6)             # µs (at most one second)
+Rate = bounded(ge=1e-6, le=1e6)             # TFLOP/s (1 MFLOP/s ... 1 EFLOP/s)
+Efficiency = bounded(ge=1e-6, le=1)         # achieved / peak; a CPU calibrated on a GPU --base gets ~1e-3
+Slowdown = bounded(ge=0.1, le=100)          # in-pipeline time / kernel time
+
+
 class _Strict(NumbersNotBooleans):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -57,11 +68,11 @@ class IntraNodeLinkFile(_Strict):
     """
 
     name: str
-    bandwidth_gb_per_s: float = Field(gt=0, description="per GPU, per direction, to the switch")
-    peer_bandwidth_gb_per_s: float | None = Field(
-        default=None, gt=0, description="per direction to ONE peer GPU; defaults to bandwidth"
+    bandwidth_gb_per_s: Bandwidth = Field(description="per GPU, per direction, to the switch")
+    peer_bandwidth_gb_per_s: Bandwidth | None = Field(
+        default=None, description="per direction to ONE peer GPU; defaults to bandwidth"
     )
-    latency_us: float = Field(ge=0)
+    latency_us: Latency
 
 
 class InterNodeLinkFile(_Strict):
@@ -74,24 +85,24 @@ class InterNodeLinkFile(_Strict):
     """
 
     name: str
-    bandwidth_gb_per_s: float = Field(gt=0, description="per NIC, per direction")
-    nics_per_node: int = Field(ge=1)
-    latency_us: float = Field(ge=0)
+    bandwidth_gb_per_s: Bandwidth = Field(description="per NIC, per direction")
+    nics_per_node: int = Field(ge=1, le=1024)
+    latency_us: Latency
 
 
 class EfficiencyFile(_Strict):
     """``efficiency:`` section: achieved fractions of peak, replaced by calibration."""
 
-    matmul: float = Field(gt=0, le=1, description="achieved / peak FLOP/s for large GEMMs")
-    link: float = Field(gt=0, le=1, description="achieved / nominal link bandwidth")
+    matmul: Efficiency = Field(description="achieved / peak FLOP/s for large GEMMs")
+    link: Efficiency = Field(description="achieved / nominal link bandwidth")
 
 
 class OverlapFile(_Strict):
     """``overlap:`` section (optional): how an overlapped forward-and-backward pair (DualPipe's
     F&B) runs. Calibration replaces the defaults; see :mod:`simtrain.lowering` for the model."""
 
-    compute_factor: float = Field(
-        default=1.0, ge=0.5, le=2.0,
+    compute_factor: bounded(ge=0.5, le=2.0) = Field(
+        default=1.0,
         description="pair compute time / (F + B) run alone; units-free. Above 1 when the two "
         "halves and their communication kernels slow each other down; never below 0.5, since a "
         "pair cannot end before its longer half alone",
@@ -112,20 +123,20 @@ class LinearPointFile(_Strict):
     ``2 x tokens x fan_in x fan_out`` FLOPs.
     """
 
-    tokens: int = Field(ge=1)
-    fan_in: int = Field(ge=1)
-    fan_out: int = Field(ge=1)
+    tokens: int = Field(ge=1, le=2**40)
+    fan_in: int = Field(ge=1, le=2**40)
+    fan_out: int = Field(ge=1, le=2**40)
     kind: Literal["F", "I", "W"]
-    tflops: float = Field(gt=0, description="achieved TFLOP/s (FLOPs / median seconds)")
+    tflops: Rate = Field(description="achieved TFLOP/s (FLOPs / median seconds)")
 
 
 class AttentionPointFile(_Strict):
     """One measured causal scaled-dot-product attention, rated in the cost model's FLOP count."""
 
-    seq_len: int = Field(ge=1)
-    head_dim: int = Field(ge=1)
-    forward_tflops: float = Field(gt=0, description="4·s·d FLOPs per token per head / forward seconds")
-    backward_tflops: float = Field(gt=0, description="8·s·d FLOPs per token per head / backward seconds")
+    seq_len: int = Field(ge=1, le=2**40)
+    head_dim: int = Field(ge=1, le=2**40)
+    forward_tflops: Rate = Field(description="4·s·d FLOPs per token per head / forward seconds")
+    backward_tflops: Rate = Field(description="8·s·d FLOPs per token per head / backward seconds")
 
 
 class ComputeFile(_Strict):
@@ -141,28 +152,28 @@ class ComputeFile(_Strict):
     attention_tflops: dict[Dtype, list[AttentionPointFile]] = Field(
         default_factory=dict, description="achieved attention TFLOP/s per (seq_len, head_dim)"
     )
-    elementwise_gb_per_s: dict[Literal["norm", "activation", "add"], float] = Field(
+    elementwise_gb_per_s: dict[Literal["norm", "activation", "add"], Bandwidth] = Field(
         default_factory=dict, description="bandwidth of memory-bound kernels per class, in the bytes the cost "
         "model counts: norms, activation functions and the loss softmax, adds (residual, gradient accumulation)"
     )
-    layer_slowdown: dict[Literal["F", "B", "I", "W"], float] = Field(
+    layer_slowdown: dict[Literal["F", "B", "I", "W"], Slowdown] = Field(
         default_factory=dict, description="measured time of a stage's actions inside real pipeline steps / "
         "the sum of their kernels' times, for the forward (F), a full backward (B) and a split backward's "
         "I and W (default: B's)"
     )
-    action_overhead_us: float = Field(
-        default=0.0, ge=0, description="framework time added to every pipeline action (F, B, I, W)"
+    action_overhead_us: Latency = Field(
+        default=0.0, description="framework time added to every pipeline action (F, B, I, W)"
     )
-    message_overhead_us: float = Field(
-        default=0.0, ge=0, description="processor time a p2p message costs the action that sends it and "
+    message_overhead_us: Latency = Field(
+        default=0.0, description="processor time a p2p message costs the action that sends it and "
         "the action that receives it (posting, waiting, completing)"
     )
     processors_per_node: int | None = Field(
-        default=None, ge=1, description="compute units the ranks of a node share (CPU cores); "
+        default=None, ge=1, le=2**20, description="compute units the ranks of a node share (CPU cores); "
         "default one per GPU"
     )
-    optimizer_gb_per_s: float | None = Field(
-        default=None, gt=0, description="rate of the optimizer step in the bytes the cost model counts for "
+    optimizer_gb_per_s: Bandwidth | None = Field(
+        default=None, description="rate of the optimizer step in the bytes the cost model counts for "
         "it (28 per parameter, simtrain.costs.OPTIMIZER_BYTES_PER_PARAM); default the HBM bandwidth"
     )
 
@@ -189,10 +200,10 @@ class ProfileFile(_Strict):
     name: str
     description: str
     source: str = Field(min_length=1)
-    peak_tflops: dict[Dtype, float]
-    hbm_gib: float = Field(gt=0)
-    hbm_tb_per_s: float = Field(gt=0)
-    gpus_per_node: int = Field(ge=1)
+    peak_tflops: dict[Dtype, Rate]
+    hbm_gib: bounded(gt=0, le=1e6)
+    hbm_tb_per_s: bounded(ge=1e-9, le=1e3)
+    gpus_per_node: int = Field(ge=1, le=2**20)
     intra_node: IntraNodeLinkFile
     inter_node: InterNodeLinkFile
     efficiency: EfficiencyFile
@@ -205,10 +216,38 @@ class ProfileFile(_Strict):
     def _positive_rates(cls, v: dict[str, float]) -> dict[str, float]:
         if not v:
             raise ValueError("must list at least one dtype, e.g. {bf16: 989}")
-        for dtype, rate in v.items():
-            if not rate > 0:
-                raise ValueError(f"peak for {dtype} must be > 0 TFLOPS, got {rate}")
         return v
+
+    @field_validator("calibration")
+    @classmethod
+    def _finite_record(cls, v: dict | None) -> dict | None:
+        if v is not None:
+            check_record(v)
+        return v
+
+
+def check_record(record: dict, where: str = "calibration") -> None:
+    """Check the free-form ``calibration:`` record: every number finite (``.inf``/``.nan`` there
+    would reach validation's speed correction and the printed tables), and the speed probe's
+    ``seconds`` > 0 (validation divides by it).
+
+    Raises:
+        ValueError: naming the first bad entry's path, value and what is allowed.
+    """
+    stack: list[tuple[str, object]] = [(where, record)]
+    while stack:
+        name, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{name}.{k}", v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{name}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name} = {value}: must be a finite number")
+    probe = record.get("speed_probe")
+    if probe is not None:
+        seconds = probe.get("seconds") if isinstance(probe, dict) else None
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise ValueError(f"{where}.speed_probe.seconds = {seconds!r}: must be a number of seconds > 0")
 
 
 # ----------------------------------------------------------------------------- SI objects

@@ -38,6 +38,7 @@ import pandas as pd
 
 from .errors import SimtrainError
 from .trace import TRACE_COLUMNS
+from .loading import MAX_TRACE_BYTES, read_text
 
 COLUMNS = [*TRACE_COLUMNS, "label"]
 """Columns of :func:`read_torch_trace`'s table: the trace's (:data:`simtrain.trace.TRACE_COLUMNS`),
@@ -95,13 +96,10 @@ def parse_label(label: str, rank: int) -> dict | None:
 
 
 def _load(path: Path) -> dict:
+    text = read_text(Path(path), "a measured trace JSON file", MAX_TRACE_BYTES, encoding="utf-8-sig")
     try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise SimtrainError(f"{path}: measured trace file not found") from None
-    except OSError as exc:
-        raise SimtrainError(f"{path}: cannot read the measured trace ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise SimtrainError(f"{path}: not a JSON trace ({exc})") from None
     if isinstance(data, list):
         data = {"traceEvents": data}

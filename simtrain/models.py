@@ -20,6 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .errors import NumbersNotBooleans, SimtrainError, load_yaml_file, validate_model
 
 PRESET_PACKAGE = "simtrain.model_presets"
+MAX_DIM = 2**31 - 1
+"""Largest count or dimension a model field may have (no published model comes within a factor
+1000 of it; above it, a value can only be a typo)."""
 
 
 class _Strict(NumbersNotBooleans):
@@ -37,11 +40,11 @@ class MLASpec(_Strict):
         v_head_dim: per-head value width (128).
     """
 
-    q_lora_rank: int = Field(ge=1)
-    kv_lora_rank: int = Field(ge=1)
-    qk_nope_head_dim: int = Field(ge=1)
-    qk_rope_head_dim: int = Field(ge=0)
-    v_head_dim: int = Field(ge=1)
+    q_lora_rank: int = Field(ge=1, le=MAX_DIM)
+    kv_lora_rank: int = Field(ge=1, le=MAX_DIM)
+    qk_nope_head_dim: int = Field(ge=1, le=MAX_DIM)
+    qk_rope_head_dim: int = Field(ge=0, le=MAX_DIM)
+    v_head_dim: int = Field(ge=1, le=MAX_DIM)
 
 
 class MoESpec(_Strict):
@@ -59,11 +62,11 @@ class MoESpec(_Strict):
         router_bias: the router carries a per-expert bias (DeepSeek-V3's auxiliary-loss-free balancing).
     """
 
-    num_experts: int = Field(ge=1)
-    top_k: int = Field(ge=1)
-    expert_ffn_hidden_size: int = Field(ge=1)
-    num_shared_experts: int = Field(default=0, ge=0)
-    first_dense_layers: int = Field(default=0, ge=0)
+    num_experts: int = Field(ge=1, le=MAX_DIM)
+    top_k: int = Field(ge=1, le=MAX_DIM)
+    expert_ffn_hidden_size: int = Field(ge=1, le=MAX_DIM)
+    num_shared_experts: int = Field(default=0, ge=0, le=MAX_DIM)
+    first_dense_layers: int = Field(default=0, ge=0, le=MAX_DIM)
     router_bias: bool = False
 
     @model_validator(mode="after")
@@ -102,14 +105,14 @@ class ModelSpec(_Strict):
     name: str
     description: str = ""
     source: str = ""
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    ffn_hidden_size: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    num_kv_heads: int | None = Field(default=None, ge=1)
-    head_dim: int | None = Field(default=None, ge=1)
-    vocab_size: int = Field(ge=1)
-    seq_len: int = Field(ge=1)
+    num_layers: int = Field(ge=1, le=MAX_DIM)
+    hidden_size: int = Field(ge=1, le=MAX_DIM)
+    ffn_hidden_size: int = Field(ge=1, le=MAX_DIM)
+    num_heads: int = Field(ge=1, le=MAX_DIM)
+    num_kv_heads: int | None = Field(default=None, ge=1, le=MAX_DIM)
+    head_dim: int | None = Field(default=None, ge=1, le=MAX_DIM)
+    vocab_size: int = Field(ge=1, le=MAX_DIM)
+    seq_len: int = Field(ge=1, le=MAX_DIM)
     activation: Literal["gelu", "swiglu"] = "swiglu"
     norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
     bias: bool = False
@@ -120,8 +123,8 @@ class ModelSpec(_Strict):
     dropout: bool = False
     mla: MLASpec | None = None
     moe: MoESpec | None = None
-    published_total_params: float | None = Field(default=None, gt=0)
-    published_active_params: float | None = Field(default=None, gt=0)
+    published_total_params: float | None = Field(default=None, gt=0, le=1e16)
+    published_active_params: float | None = Field(default=None, gt=0, le=1e16)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelSpec:

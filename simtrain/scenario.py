@@ -8,7 +8,6 @@ scenarios ship inside the package (``simtrain/scenarios/<name>.yaml``, read with
 
 from __future__ import annotations
 
-import math
 from importlib import resources
 
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .checks import MAX_OP_TIME_S
 from .costs import StageCosts, stage_costs
 from .engine import SimResult, simulate
 from .errors import SimtrainError, load_yaml_file, validate_model
@@ -82,8 +82,8 @@ class Scenario(BaseModel):
     @field_validator("op_times")
     @classmethod
     def _op_times_valid(cls, v: tuple[float, float, float] | None) -> tuple[float, float, float] | None:
-        if v is not None and (not all(math.isfinite(t) and t >= 0 for t in v) or sum(v) <= 0):
-            raise ValueError("each of F, I, W must be a finite number >= 0 seconds, at least one > 0")
+        if v is not None and (not all(0 <= t <= MAX_OP_TIME_S for t in v) or sum(v) <= 0):
+            raise ValueError(f"each of F, I, W must be a number from 0 to {MAX_OP_TIME_S:g} seconds, at least one > 0")
         return v
     no_comm: bool = False
     out: str | None = None

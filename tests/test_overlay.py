@@ -106,7 +106,7 @@ def test_overlay_command(tmp_path):
 
 
 def test_bad_measured_input(tmp_path):
-    with pytest.raises(SimtrainError, match="measured trace file not found"):
+    with pytest.raises(SimtrainError, match="none.json: file not found .expected a measured trace"):
         read_torch_trace([tmp_path / "none.json"])
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..atomic import check_writable
+from ..checks import check_finite
 from ..errors import SimtrainError
 from ..hardware import load_profile
 from . import launch, require_torch
@@ -105,8 +107,7 @@ def calibrate(
 
     if out_path.exists() and not force:
         raise SimtrainError(f"--out {out_path}: the file exists; choose a new name or pass --force to overwrite it")
-    if not out_path.parent.is_dir():
-        raise SimtrainError(f"--out {out_path}: folder {out_path.parent} does not exist")
+    check_writable(out_path, "--out")  # before minutes of measuring
     dtype = dtype or ("bf16" if device == "cuda" else "fp32")
     if dtype not in ("fp32", "bf16"):
         raise SimtrainError(f"--dtype = {dtype!r}: choose fp32 or bf16")
@@ -197,6 +198,8 @@ def validate(
 ) -> None:
     """Train a small transformer with torch's pipeline schedules (or, with --published, take published
     real-cluster runs); compare with simtrain's prediction."""
+    from .microbench import device_name
+    from .predict import speed_reference
     from .validate import compare, parse_schedules
     from .workload import default_model
 
@@ -216,12 +219,20 @@ def validate(
     if world < 2:
         raise SimtrainError(f"--world = {world}: a pipeline needs at least 2 ranks")
     cfg = default_model(world, device, quick=False)
+    reference_s = None if no_speed_correction else speed_reference(
+        hw, device, device_name(torch, torch.device(device)), dataclasses.asdict(cfg))
     spec = dict(device=device, schedules=names, model=dataclasses.asdict(cfg), steps=steps, warmup=warmup,
                 threads=threads)
     result = _run("validate", spec, world, timeout_s, "validate")
     if result is None:
         return
-    rows = compare(result, hw, correct_speed=not no_speed_correction)
+    rows = compare(result, hw, reference_s)
+    check_finite([dataclasses.asdict(r) for r in rows], "validate")
+    factors = [r.speed_factor for r in rows]
+    err.print(("speed correction: none (--no-speed-correction): predicted at the profile's speed" if reference_s is None
+               else f"speed correction: this machine ran {statistics.median(factors):.2f}x the calibration's time "
+               f"(probe {reference_s * 1e3:.2f} ms then; range {min(factors):.2f}x-{max(factors):.2f}x over the "
+               "schedules); predictions are scaled by it"), markup=False, highlight=False)
     if as_json:
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
         return

@@ -195,7 +195,7 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
 
     result = dict(
         torch_version=torch.__version__,
-        device_name=_device_name(torch, ctx.device),
+        device_name=device_name(torch, ctx.device),
         backend=ctx.backend,
         world=ctx.world,
         local_world=ctx.local_world,
@@ -211,7 +211,8 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
     return result
 
 
-def _device_name(torch, device) -> str:
+def device_name(torch, device) -> str:
+    """The CPU model (/proc/cpuinfo) or GPU name of ``device``, as calibration records it."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     name = platform.processor() or platform.machine()

@@ -91,8 +91,7 @@ def probe_cases(torch, cfg: ValidationModel, device, dtype):
     """The speed probe: one transformer layer's kernels at the model's shapes.
 
     Its linear-layer GEMMs (F, I, W), attention forward and backward and elementwise kernels,
-    built by the calibration's own case builders, so the profile predicts the probe's time
-    (:func:`probe_seconds`). Returns ``(keys, callables)`` grouped as ``linear``, ``attention``,
+    built by the calibration's own case builders. Returns ``(keys, callables)`` grouped as ``linear``, ``attention``,
     ``elementwise``.
     """
     tokens = cfg.microbatch_size * cfg.seq_len

@@ -1,7 +1,7 @@
 """What simtrain predicts for a measured torch pipeline run (no torch needed): torch's orders
 imported into simtrain's IR (:func:`import_schedule`), the costs adjusted to how torch's runtime
 runs a split backward (:func:`torch_runtime_costs`), the simulated step (:func:`predict`), the
-profile at the machine's current speed (:func:`at_speed`, :func:`probe_seconds`) and the slowdown
+profile at the machine's current speed (:func:`at_speed`, :func:`speed_reference`) and the slowdown
 of CPU ranks that share cores (:func:`cpu_slowdown`).
 """
 
@@ -16,33 +16,50 @@ from ..schedules.ir import Schedule, parse_action
 from .measurements import PipelineRun, ValidationResult
 from .workload import TORCH_SCHEDULES, ValidationModel
 
-def probe_seconds(keys: dict, hardware: HardwareProfile, dtype: str = "fp32") -> float:
-    """Seconds the profile predicts for the probe of :func:`probe_cases`."""
-    total = 0.0
-    for t, k, n, kind in keys["linear"]:
-        total += 2 * t * k * n / hardware.linear_flops_per_s(t, k, n, kind, dtype)
-    for s, d, a, b, kind in keys["attention"]:
-        flops = 4 * b * a * s * s * d
-        if kind == "B":
-            total += 2 * flops / hardware.attention_flops_per_s(s, d, dtype, backward=True)
-        else:
-            total += flops / hardware.attention_flops_per_s(s, d, dtype, backward=False)
-    rates = hardware.elementwise_bytes_per_s
-    total += sum(nbytes / rates[cls] for cls, *_, nbytes in keys["elementwise"] if cls in rates)
-    return total
+PROBE_SHAPE = ("hidden", "heads", "ffn", "seq_len", "microbatch_size")
+"""The :class:`ValidationModel` fields the speed probe's kernels depend on (``probe_cases``)."""
 
 
-def probe_reference(result: ValidationResult, hardware: HardwareProfile) -> float:
-    """Seconds the speed probe took when ``hardware`` was calibrated.
+def speed_reference(hardware: HardwareProfile, device: str, device_name: str, probe_model: dict) -> float:
+    """Seconds the speed probe took when ``hardware`` was calibrated, if it was calibrated on this
+    machine kind at these shapes; the speed correction divides by it.
 
-    The probe calibration recorded (``calibration.speed_probe``) when it was built for this
-    validation model; otherwise the time the profile predicts for it (:func:`probe_seconds`).
+    The correction may only remove drift of one machine's speed between its calibration and now.
+    Any other reference (a datasheet profile's predicted probe time, another machine's probe)
+    would rescale the prediction by whatever the profile gets wrong, so that validation could
+    never fail.
+
+    Args:
+        hardware: the profile.
+        device: ``"cpu"`` or ``"cuda"``; device_name: this machine's CPU model or GPU name (as
+            calibration records it, :func:`simtrain.calibration.microbench.device_name`).
+        probe_model: the :class:`ValidationModel` fields of this validation.
+
+    Returns:
+        The recorded probe seconds (``calibration.speed_probe.seconds``).
+
+    Raises:
+        SimtrainError: the profile was not calibrated here, or its probe ran at other shapes.
     """
-    recorded = (hardware.calibration or {}).get("speed_probe") or {}
-    if recorded.get("model") == result["model"]:
-        return float(recorded["seconds"])
-    keys = {k: [tuple(x) for x in v] for k, v in result["probe_keys"].items()}
-    return probe_seconds(keys, hardware)
+    record = hardware.calibration or {}
+    probe = record.get("speed_probe") or {}
+    backend = "nccl" if device == "cuda" else "gloo"
+    where = str(hardware.path or hardware.name)
+    if not record:
+        reason = "it has no calibration: section (a datasheet profile)"
+    elif (record.get("device_name"), record.get("backend")) != (device_name, backend):
+        reason = (f"it was calibrated on {record.get('device_name')} ({record.get('backend')}) and this machine is "
+                  f"{device_name} ({backend})")
+    elif not probe:
+        reason = "its calibration: section records no speed_probe"
+    elif any((probe.get("model") or {}).get(k) != probe_model.get(k) for k in PROBE_SHAPE):
+        reason = "its speed probe ran at other shapes than this validation model's (another --device?)"
+    else:
+        return float(probe["seconds"])
+    raise SimtrainError(
+        f"--profile {where}: cannot correct for this machine's speed: {reason}. The correction only removes "
+        "drift since calibration on this machine; calibrate here (simtrain calibrate --out FILE), or pass "
+        "--no-speed-correction to report the uncorrected error")
 
 
 def at_speed(hardware: HardwareProfile, factor: float) -> HardwareProfile:

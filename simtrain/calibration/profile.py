@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from .. import atomic
 from ..errors import SimtrainError, load_yaml_file, validate_model
 from ..hardware import GB, GiB, ProfileFile, resolve_profile_path
 from ..network import Link, ring_all_reduce_s
@@ -214,7 +215,7 @@ def _fit_pipeline(data: dict, meas: dict, compute_section: dict, record: dict) -
         record["layer_slowdown"] = dict(**{k: sig(v) for k, v in slowdown.items()}, residuals=slowdown_res)
         action_s, message_s, overhead_res = fit_overheads(data, pipeline, meas["world"])
         probes = [p for run in pipeline["runs"].values() for p in run["probe_s"]]
-        # validation's reference speed (simtrain.calibration.predict.probe_reference): the probe
+        # validation's reference speed (simtrain.calibration.predict.speed_reference): the probe
         # timed between these steps, at the same speed as the in-situ factors and overheads
         record["speed_probe"] = dict(seconds=statistics.median(probes), cv=sig(float(np.std(probes) / np.mean(probes))),
                                      model=pipeline["probe_model"])
@@ -272,7 +273,5 @@ def write_profile(path: Path, data: dict, force: bool) -> None:
         f"# Calibrated hardware profile written by `simtrain calibrate` on {data['calibration']['date']}.\n"
         "# compute.* and the links are measured; `calibration:` records each fit and its residuals.\n"
     )
-    try:
-        path.write_text(header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120))
-    except OSError as exc:
-        raise SimtrainError(f"--out {path}: cannot write the file ({exc.strerror})") from None
+    atomic.write_text(path, header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120),
+                      overwrite=force, flag="--out")

@@ -35,7 +35,7 @@ from ..errors import SimtrainError
 from ..hardware import HardwareProfile
 from ..schedules.names import TORCH_ALIASES, canonical_schedule
 from .measurements import ValidationResult
-from .predict import at_speed, cpu_slowdown, predict, probe_reference
+from .predict import at_speed, cpu_slowdown, predict
 from .workload import TORCH_SCHEDULES, ValidationModel
 
 @dataclass(frozen=True)
@@ -52,31 +52,32 @@ class Row:
     memory_error: float
 
 
-def compare(result: ValidationResult, hardware: HardwareProfile, correct_speed: bool = True) -> list[Row]:
+def compare(result: ValidationResult, hardware: HardwareProfile, reference_s: float | None = None) -> list[Row]:
     """Rows of measured against predicted step time and activation peak (max over ranks).
 
     Args:
         result: rank 0's result of the ``validate`` job.
         hardware: the profile.
-        correct_speed: predict each step at the speed the machine ran it and report the median
-            prediction; otherwise predict at the profile's speed (factor 1). The machine's speed
-            while a step ran is the speed probe's time around it (the median over the schedules of
-            the probes before and after that round of steps) over its time at calibration
-            (:func:`probe_reference`): a VM's speed drifts between calibration and validation. On a
+        reference_s: the speed probe's seconds at calibration
+            (:func:`simtrain.calibration.predict.speed_reference`): predict each step at the speed
+            the machine ran it and report the median prediction; None predicts at the profile's
+            speed (factor 1: ``--no-speed-correction``). The machine's speed while a step ran is
+            the speed probe's time around it (the median over the schedules of the probes before
+            and after that round of steps) over ``reference_s``: a VM's speed drifts between
+            calibration and validation. On a
             one-thread CPU rank, whose profile and probe are in CPU time, the factor is further
             multiplied by the step's wall / CPU time of the ranks' actions, i.e. how much other
             processes delayed them (divided by how much the simulated ranks delay each other when
             they outnumber the cores; at least 1). ``speed_factor`` is the median factor.
     """
     cfg = ValidationModel(**result["model"])
-    reference = probe_reference(result, hardware)
     names = list(result["schedules"])
-    rounds = [statistics.median(probes) / reference
+    rounds = [statistics.median(probes) / (reference_s or 1.0)
               for probes in zip(*(result["schedules"][n]["probe_s"] for n in names))]
     rows = []
     for name, measured in result["schedules"].items():
         steps = range(len(measured["step_times_s"]))
-        if not correct_speed:
+        if reference_s is None:
             factors = [1.0 for _ in steps]
         else:
             factors = [(rounds[i] + rounds[i + 1]) / 2 for i in steps]

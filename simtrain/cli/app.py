@@ -1,7 +1,8 @@
 """The ``simtrain`` typer application, its consoles and the error convention of every command.
 
 Every user error ends as one line ``error: ...`` on stderr and exit status 2, never a traceback
-(commands are wrapped by :func:`user_errors`; typer reports unknown flags and bad types with 2).
+(commands are wrapped by :func:`user_errors`; usage errors such as an unknown flag or a bad type by
+:class:`simtrain.cli.usage.OneLineErrors`, also with 2).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from rich.console import Console
 
 from ..errors import ConfigWarning, SimtrainError
 from ..schedules import ScheduleWarning
+from .usage import OneLineErrors
 
 app = typer.Typer(
+    cls=OneLineErrors,
     add_completion=False,
     pretty_exceptions_enable=False,
     no_args_is_help=True,

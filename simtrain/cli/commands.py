@@ -12,6 +12,8 @@ import typer
 from rich.table import Table
 
 from ..calibration.commands import calibrate, validate
+from ..atomic import check_writable
+from ..checks import MAX_TASKS, check_export, check_finite
 from ..errors import SimtrainError
 from ..export import check_output_path, write_output
 from ..hardware import GB, GiB, TFLOPS, load_profile, profile_files
@@ -35,10 +37,16 @@ def export_schedule(
     fmt: Annotated[str, typer.Option("--format", help="output format: torch-csv")] = "torch-csv",
     out_path: Annotated[Optional[Path], typer.Option("--out", help="file to write (default: standard output)")] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite --out if it exists")] = False,
+    max_tasks: Annotated[int, typer.Option(help="refuse schedules of more than this many actions")] = MAX_TASKS,
 ) -> None:
     """Write a schedule's per-rank actions in torch.distributed.pipelining's CSV layout."""
     if fmt != "torch-csv":
         raise SimtrainError(f"--format = {fmt!r}: the only format is 'torch-csv'")
+    if pp < 1 or microbatches < 1 or vp < 1:
+        raise SimtrainError(f"--pp {pp}, --microbatches {microbatches}, --vp {vp}: each must be >= 1")
+    check_export(name, pp, microbatches, vp, max_tasks)
+    if out_path is not None:
+        check_writable(out_path, "--out")
     schedule = generate(name, pp, microbatches, vp)
     if out_path is None:
         sys.stdout.write(format_torch_csv(schedule))
@@ -74,6 +82,10 @@ def overlay(
     """Draw a measured torch pipeline step and its simulation on one timeline, rank by rank."""
     inputs = [*measured, *(p for p in (scenario, Path(model) if model else None,
                                        Path(hardware) if hardware else None) if p)]
+    if scenario is None and model is None and op_times is None:
+        raise SimtrainError("overlay: give the model and hardware that produced the traces (--model and --hardware, "
+                            "or a scenario file), or --op-times; without them it would simulate the default "
+                            "scenario's model, not the traced one")
     check_output_path(out_path, "--out", ".html", inputs, force)
     actions = read_torch_trace(measured, step)
     taken = schedule_from_measured(actions, "measured order")
@@ -88,6 +100,7 @@ def overlay(
     trace = run.result.trace
     diffs = action_differences(actions, trace)
     summary = overlay_summary(actions, trace, diffs)
+    check_finite(summary, "overlay")
     subtitle = (f"{len(measured)} trace file(s), {taken.num_ranks} ranks, {taken.num_stages} stages, "
                 f"{taken.num_microbatches} microbatches; simulated {run.schedule.name} with "
                 + (f"op-times F,I,W = {tuple(round(t * 1e3, 3) for t in times)} ms" if times

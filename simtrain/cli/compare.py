@@ -12,6 +12,7 @@ import pandas as pd
 import typer
 from rich.table import Table
 
+from ..checks import MAX_TASKS, check_applicable, check_finite, check_imported, check_structure
 from ..engine import DeadlockError
 from ..errors import SimtrainError
 from ..export import check_output_path, write_chrome_trace, write_output, write_trace_csv
@@ -74,6 +75,7 @@ def compare(
         help="take model and parallel settings from a Megatron-LM argument list (ARGS.txt or launch script)")] = None,
     from_torchtitan: Annotated[Optional[Path], typer.Option(
         help="take model and parallel settings from a torchtitan job file (JOB.toml)")] = None,
+    max_tasks: Annotated[int, typer.Option(help="refuse runs estimated above this many simulated tasks")] = MAX_TASKS,
 ) -> None:
     """Simulate one training step for each schedule and compare them (table + HTML dashboard)."""
     overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
@@ -85,6 +87,7 @@ def compare(
         err.print(line, markup=False, highlight=False, soft_wrap=True)
     st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)
     plan = _plan_compare(st, schedules, schedule_file, sweep, pp, microbatches)
+    _check_plan(st, plan, {k for k, v in overrides.items() if v is not None}, max_tasks)
     inputs = [p for p in (scenario, Path(model) if model else None, Path(hardware) if hardware else None,
                           schedule_file, from_megatron, from_torchtitan) if p]
     outputs = _check_outputs(st, out_path, as_json, trace_path, csv_path, inputs, force)
@@ -126,7 +129,7 @@ def _schedule_names(schedules: str | None, default: list[str], imported: Schedul
     Raises:
         SimtrainError: no schedule at all, an unknown name, or a name given twice.
     """
-    names = [s.strip() for s in schedules.split(",")] if schedules else ([] if imported else default)
+    names = [s.strip() for s in schedules.split(",")] if schedules is not None else ([] if imported else default)
     names = [n for n in names if n]
     if not names and imported is None:
         raise SimtrainError("--schedules: give at least one schedule name")
@@ -161,6 +164,21 @@ def _plan_compare(st: Settings, schedules: str | None, schedule_file: Path | Non
     return _ComparePlan(parallel, names, imported, schedule_file, spec)
 
 
+def _check_plan(st: Settings, plan: _ComparePlan, given: set[str], max_tasks: int) -> None:
+    """The checks that run before anything is generated (:mod:`simtrain.checks`): flags that do
+    not apply, stages against layers, and the estimated work against ``max_tasks``.
+
+    Raises:
+        SimtrainError: see :func:`~simtrain.checks.check_applicable`,
+            :func:`~simtrain.checks.check_structure`, :func:`~simtrain.checks.check_imported`.
+    """
+    check_applicable(plan.names, st.model, st.hardware, plan.parallel, given)
+    sweep = (plan.sweep.field, list(plan.sweep.values)) if plan.sweep is not None else None
+    check_structure(plan.names, st.model, plan.parallel, max_tasks, sweep)
+    if plan.imported is not None:
+        check_imported(sum(len(order) for order in plan.imported.orders), max_tasks, str(plan.schedule_file))
+
+
 def _at_sweep_point(st: Settings, plan: _ComparePlan) -> _ComparePlan:
     """When sweeping, the plan at the swept value nearest the setting (the detailed comparison is
     drawn there); else ``plan``."""
@@ -186,7 +204,8 @@ def _run_compare(st: Settings, plan: _ComparePlan) -> tuple[list[ScheduleRun], p
     """Simulate every schedule (and the imported one, last) and the sweep.
 
     Raises:
-        SimtrainError: the imported order deadlocks, or no sweep point could be simulated.
+        SimtrainError: the imported order deadlocks, no sweep point could be simulated, or a result
+            holds NaN or infinity (:func:`simtrain.checks.check_finite`).
     """
     spec, hw, parallel, times, comm = st.model, st.hardware, plan.parallel, st.op_times, st.comm
     steps = len(plan.names) + (plan.imported is not None) + len(plan.names) * len(plan.sweep.values if plan.sweep else [])
@@ -206,6 +225,12 @@ def _run_compare(st: Settings, plan: _ComparePlan) -> tuple[list[ScheduleRun], p
                                    on_point=advance)
             if sweep_rows["error"].notna().all():
                 raise SimtrainError(f"--sweep: no point could be simulated; first reason: {sweep_rows['error'].iloc[0]}")
+        for r in runs:
+            check_finite(r.report.to_row(), r.report.schedule)
+        if sweep_rows is not None:
+            done = sweep_rows[sweep_rows["error"].isna()]  # a NaN mfu there is a None (fixed op-times)
+            check_finite(done.drop(columns=["error", "mfu"]).assign(mfu=done["mfu"].fillna(0.0)).to_dict("records"),
+                         "--sweep")
     return runs, sweep_rows
 
 

@@ -3,12 +3,12 @@ flag or the file's field in every error."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from ..checks import MAX_OP_TIME_S
 from ..errors import SimtrainError
 from ..hardware import HardwareProfile, load_profile
 from ..importers import ImportedJob
@@ -41,9 +41,9 @@ def parse_op_times(text: str) -> tuple[float, float, float]:
         values = tuple(float(x) for x in text.split(","))
     except ValueError:
         values = ()
-    if len(values) != 3 or not all(math.isfinite(v) and v >= 0 for v in values) or sum(values) <= 0:
-        raise SimtrainError(f"--op-times = {text!r}: expected three finite numbers F,I,W >= 0 seconds, "
-                            "at least one > 0, e.g. 1,1,1")
+    if len(values) != 3 or not all(0 <= v <= MAX_OP_TIME_S for v in values) or sum(values) <= 0:
+        raise SimtrainError(f"--op-times = {text!r}: expected three numbers F,I,W from 0 to {MAX_OP_TIME_S:g} "
+                            "seconds, at least one > 0, e.g. 1,1,1")
     return values  # type: ignore[return-value]
 
 

@@ -25,7 +25,9 @@ import io
 import re
 from pathlib import Path
 
+from .. import atomic
 from ..errors import SimtrainError
+from ..loading import MAX_CSV_BYTES, read_text
 from .ir import AnyAction, Schedule, ScheduleError, parse_action
 
 _COMM_RE = re.compile(r"^\d+(SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)\d*$")
@@ -102,12 +104,10 @@ def read_torch_csv(path: Path) -> Schedule:
         SimtrainError: the file cannot be read.
         ScheduleError: the file does not hold a runnable schedule.
     """
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SimtrainError(f"--schedule-file {path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SimtrainError(f"--schedule-file {path}: cannot read the file ({exc})") from None
+    try:  # utf-8-sig: a byte-order mark (Excel writes one) is not part of the first cell
+        text = read_text(path, "a schedule CSV file", MAX_CSV_BYTES, encoding="utf-8-sig")
+    except SimtrainError as exc:
+        raise SimtrainError(f"--schedule-file {exc}") from None
     from . import REGISTRY, split_name
 
     try:
@@ -148,11 +148,4 @@ def write_torch_csv(schedule: Schedule, path: Path, force: bool = False) -> None
         SimtrainError: ``path`` exists and ``force`` is False, or it cannot be written.
         ScheduleError: see :func:`format_torch_csv`.
     """
-    text = format_torch_csv(schedule)
-    try:
-        with path.open("w" if force else "x", newline="") as f:
-            f.write(text)
-    except FileExistsError:
-        raise SimtrainError(f"--out {path}: the file exists; pass --force to overwrite it") from None
-    except OSError as exc:
-        raise SimtrainError(f"--out {path}: cannot write the file ({exc.strerror})") from None
+    atomic.write_text(path, format_torch_csv(schedule), overwrite=force, flag="--out")

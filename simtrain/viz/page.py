@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import plotly.graph_objects as go
 
+from .. import atomic
 from ..metrics import time_breakdown
 from .compare import comparison_figure, sweep_figure
 from .overlay import difference_figure, overlay_figure
@@ -173,10 +174,7 @@ def write_dashboard(path: Path, panels: list[Panel], title: str, subtitle: str =
                     "<p class='note'>Drag to zoom, double-click to reset; click a legend entry to hide a kind. "
                     "Numbers on bars are microbatches.</p>" + "".join(sections.get(sid, [])) + "</section>")
     page = _page(title, [subtitle, f"Source: {source}" if source else ""], nav, body)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page)
-    return path
+    return atomic.write_text(Path(path), page)
 
 
 def write_overlay(path: Path, measured: pd.DataFrame, simulated: pd.DataFrame, diffs: pd.DataFrame,
@@ -217,7 +215,4 @@ def write_overlay(path: Path, measured: pd.DataFrame, simulated: pd.DataFrame, d
         body.append("<section id='differences'>" + _figure_html(figs[1], "fig-1", False) + "</section>")
     page = _page(title, [subtitle], [("summary", "summary"), ("timeline", "timeline"),
                                      ("differences", "differences")], body)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page)
-    return path
+    return atomic.write_text(Path(path), page)

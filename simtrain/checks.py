@@ -1,0 +1,245 @@
+"""Checks that run before any schedule is generated, and the last check on results.
+
+* :func:`check_structure`: the cheap structural limits (stages against layers) and an estimate
+  of the work, in simulated tasks, refused above a ceiling (:data:`MAX_TASKS`, overridable with
+  ``--max-tasks``). A schedule's generation, lowering and simulation all grow with its tasks, so
+  ``--pp 512 --microbatches 100000`` is refused in milliseconds instead of running out of memory
+  after minutes.
+* :func:`check_applicable`: settings that do not apply to what runs. A setting that can only be a
+  mistake (a flag given on the command line that no schedule or model uses) is an error; one that
+  is harmless (the same setting in a scenario file, which may serve several schedule lists) is a
+  warning. Physically odd but legal configurations (TP across nodes, TP above the KV heads,
+  a node limit above the nodes an EP group spans) run, with a warning saying what they imply.
+* :func:`check_finite`: no NaN or infinity reaches a table, a JSON row or a plot.
+
+Warnings are :class:`simtrain.schedules.ScheduleWarning`, which the CLI prints as
+``warning: ...`` lines.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable
+
+from .costs import split_layers
+from .errors import SimtrainError
+from .hardware import HardwareProfile
+from .models import ModelSpec
+from .parallel import ParallelConfig
+from .schedules import REGISTRY, ScheduleWarning, split_name
+
+MAX_TASKS = 2_000_000
+"""Default ceiling on the estimated tasks of one command (all schedules and sweep points). The
+engine runs ~5,000-10,000 tasks/s on one core here (benchmarks/bench_engine.py), so this is a few
+minutes of simulation and a few GB of trace; above it ``--max-tasks`` must say so."""
+
+MAX_OP_TIME_S = 1e6
+"""Largest fixed op-time (``--op-times``, a scenario's ``op_times``): 11 days per action. Larger
+values can only be a mistake, and near 1e308 the step time overflows to infinity."""
+
+_STAGES_PER_RANK = {"zbv": 2, "dualpipe": 2, "dualpipev": 2}
+"""Stages per rank of the schedules with a fixed count above 1 (README, table of schedules)."""
+_SPLIT_BACKWARD = {"interleaved-zb", "zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev"}
+"""Schedules whose backward is split into I and W (three actions per stage and microbatch)."""
+_PAIRED = {"dualpipe", "dualpipev"}
+"""Schedules with overlapped F&B pairs, lowered layer by layer (simtrain.lowering)."""
+
+
+def stages_and_chunks(name: str, pp: int, vp: int) -> tuple[int, int]:
+    """Pipeline stages and distinct model chunks of schedule ``name`` on ``pp`` ranks.
+
+    Returns:
+        ``(stages, chunks)``: DualPipe's two directions hold the same ``pp`` chunks twice.
+    """
+    base, _ = split_name(name)
+    per_rank = vp if REGISTRY[base].uses_vp else _STAGES_PER_RANK.get(base, 1)
+    stages = pp * per_rank
+    return stages, pp if base == "dualpipe" else stages
+
+
+def estimate_actions(name: str, pp: int, microbatches: int, vp: int, forward_only: bool = False) -> int:
+    """Actions (F, B, I, W) of schedule ``name``: stages x microbatches x passes."""
+    stages, _ = stages_and_chunks(name, pp, vp)
+    passes = 1 if forward_only else 3 if split_name(name)[0] in _SPLIT_BACKWARD else 2
+    return stages * microbatches * passes
+
+
+def estimate_tasks(name: str, model: ModelSpec, parallel: ParallelConfig) -> int:
+    """An upper estimate of the tasks the engine simulates for ``name`` (schedule not generated).
+
+    Per action: the action, its p2p transfer and its TP collective; plus, per MoE layer of the
+    stage, attention, dispatch, experts and combine (three more per extra Waved-EP wave); plus,
+    for F&B pairs, each layer of both halves and their TP collectives; per stage, its gradient
+    buckets and optimizer step. Measured on the shipped models it is 1-6x the engine's count
+    (tests/test_hostile.py).
+    """
+    base, variants = split_name(name)
+    stages, chunks = stages_and_chunks(name, parallel.pp, parallel.vp)
+    actions = estimate_actions(name, parallel.pp, parallel.microbatches, parallel.vp, parallel.forward_only)
+    layers = math.ceil(model.num_layers / chunks)
+    per_action = 3
+    if model.moe is not None and parallel.ep > 1:
+        waves = (parallel.waves or 4) if "waved-ep" in variants else 1
+        per_action += layers * (4 + 3 * (waves - 1))
+    if base in _PAIRED:
+        per_action += 2 * layers * (2 if parallel.tp > 1 else 1)
+    per_stage = 2 * parallel.dp_buckets + 2  # gradient buckets (both DualPipe copies), optimizer step
+    return actions * per_action + stages * per_stage
+
+
+def _refuse_work(total: int, max_tasks: int, what: str) -> None:
+    if total > max_tasks:
+        raise SimtrainError(
+            f"{what} is about {total:,} tasks, above the ceiling of {max_tasks:,} (a few minutes and GB); "
+            f"lower --microbatches or --pp, or pass --max-tasks {total} to run it anyway")
+
+
+def check_structure(names: Iterable[str], model: ModelSpec, parallel: ParallelConfig,
+                    max_tasks: int = MAX_TASKS, sweep: tuple[str, list[int]] | None = None) -> int:
+    """Refuse, before generating anything, schedules that cannot run or are too big to simulate.
+
+    Args:
+        names: schedule names (registry names with variants).
+        model, parallel: what runs.
+        max_tasks: the ceiling on the estimated tasks of all schedules (and sweep points).
+        sweep: ``(field, values)`` of a sweep, whose every point is simulated too.
+
+    Returns:
+        The estimated tasks.
+
+    Raises:
+        SimtrainError: more stages than layers (:func:`simtrain.costs.split_layers`'s message),
+            or an estimate above ``max_tasks``.
+    """
+    names = list(names)
+    total = 0
+    points = [parallel] + ([parallel.model_copy(update={sweep[0]: v}) for v in sweep[1]] if sweep else [])
+    for point in points:
+        for name in names:
+            _, chunks = stages_and_chunks(name, point.pp, point.vp)
+            if point is parallel:
+                _check_layers(name, chunks, model)
+            total += estimate_tasks(name, model, point)
+    _refuse_work(total, max_tasks, f"simulating {', '.join(names) or 'the schedule'} at pp {parallel.pp}, "
+                 f"{parallel.microbatches} microbatches" + (f" and {len(sweep[1])} sweep points" if sweep else ""))
+    return total
+
+
+def _check_layers(name: str, chunks: int, model: ModelSpec) -> None:
+    if chunks <= model.num_layers:
+        return
+    try:
+        split_layers(model.num_layers, chunks)
+    except SimtrainError as exc:
+        raise SimtrainError(f"{name}: {exc}") from None
+
+
+def check_imported(actions: int, max_tasks: int, source: str) -> None:
+    """Refuse an imported schedule (``--schedule-file``) whose ``actions`` would simulate as more
+    than ``max_tasks`` tasks (three per action: the action, its p2p transfer, its TP collective).
+
+    Raises:
+        SimtrainError: naming the file and the estimate.
+    """
+    _refuse_work(3 * actions, max_tasks, f"--schedule-file {source} ({actions:,} actions)")
+
+
+def check_export(name: str, pp: int, microbatches: int, vp: int, max_tasks: int = MAX_TASKS) -> None:
+    """Refuse an ``export-schedule`` whose actions exceed ``max_tasks``, and ``--vp`` on a
+    schedule without virtual stages, before generating it.
+
+    Raises:
+        SimtrainError: the estimate is too large, or ``--vp`` > 1 does not apply.
+    """
+    base, _ = split_name(name)
+    if vp > 1 and not REGISTRY[base].uses_vp:
+        raise SimtrainError(f"--vp {vp}: {name} has no virtual stages; --vp applies to {_vp_schedules()}")
+    _refuse_work(estimate_actions(name, pp, microbatches, vp), max_tasks,
+                 f"{name} at pp {pp}, {microbatches} microbatches")
+
+
+def _vp_schedules() -> str:
+    return ", ".join(n for n, info in REGISTRY.items() if info.uses_vp)
+
+
+def _not_applicable(flag: str, given: bool, why: str) -> None:
+    """An error for a flag the user typed; a warning for the same setting in a scenario file."""
+    if given:
+        raise SimtrainError(f"{flag}: {why}")
+    warnings.warn(f"scenario field '{flag.lstrip('-').replace('-', '_')}' is ignored: {why}", ScheduleWarning,
+                  stacklevel=2)
+
+
+def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfile, parallel: ParallelConfig,
+                     given: set[str]) -> None:
+    """Refuse flags that do not apply, and warn about settings that are legal but odd.
+
+    Args:
+        names: the schedules that will run.
+        model, hardware, parallel: what runs where.
+        given: ParallelConfig fields given as command-line flags (the rest came from a scenario
+            file or the defaults).
+
+    Raises:
+        SimtrainError: a flag that applies to none of ``names`` or not to the model.
+    """
+    bases = [split_name(n) for n in names]
+    if parallel.vp > 1 and names and not any(REGISTRY[b].uses_vp for b, _ in bases):
+        _not_applicable("--vp", "vp" in given, f"none of {', '.join(names)} has virtual stages; "
+                        f"--vp applies to {_vp_schedules()}")
+    if parallel.waves is not None and names and not any("waved-ep" in v for _, v in bases):
+        _not_applicable("--waves", "waves" in given, f"none of {', '.join(names)} uses Waved-EP; "
+                        "add '+waved-ep' to a schedule name, e.g. 1f1b+waved-ep")
+    moe = model.moe is not None and parallel.ep > 1
+    defaults = ParallelConfig()
+    for field in ("node_limit", "expert_imbalance", "dispatch_dtype", "a2a_links"):
+        if not moe and getattr(parallel, field) != getattr(defaults, field):
+            why = (f"{model.name} has no experts" if model.moe is None else "it needs expert parallelism (--ep > 1)")
+            _not_applicable(f"--{field.replace('_', '-')}", field in given, f"applies to MoE all-to-all only, and {why}")
+    gpn = hardware.gpus_per_node
+    if moe and parallel.node_limit is not None:
+        nodes = math.ceil(parallel.ep / gpn)
+        if parallel.node_limit >= nodes:
+            _warn(f"--node-limit {parallel.node_limit}: an EP group of {parallel.ep} GPUs spans {nodes} node(s) of "
+                  f"{gpn} GPUs, so the limit never binds; the result is that of no node limit")
+    if parallel.tp > gpn:
+        _warn(f"--tp {parallel.tp} > {gpn} GPUs per node of {hardware.name}: each TP group spans "
+              f"{math.ceil(parallel.tp / gpn)} nodes, so its all-gathers and reduce-scatters run over "
+              f"{hardware.inter_node.name} ({hardware.nic_bandwidth_per_gpu_bytes_per_s / 1e9:.0f} GB/s per GPU "
+              f"instead of {hardware.intra_node.bandwidth_bytes_per_s / 1e9:.0f} GB/s NVLink) and dominate the step")
+    elif gpn % parallel.tp:
+        _warn(f"--tp {parallel.tp} does not divide the {gpn} GPUs per node of {hardware.name}: some TP groups "
+              "straddle two nodes, and their collectives run over the inter-node network")
+    if parallel.tp > model.kv_heads:
+        _warn(f"--tp {parallel.tp} > the {model.kv_heads} KV heads of {model.name}: each KV head is replicated on "
+              f"{parallel.tp // model.kv_heads} GPUs (Megatron-LM), while simtrain divides the K/V projections by "
+              "tp, so their FLOPs and memory are underestimated")
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, ScheduleWarning, stacklevel=3)
+
+
+def check_finite(value, where: str, path: str = "") -> None:
+    """Refuse a result holding NaN or infinity anywhere (dicts, lists, floats).
+
+    Args:
+        value: a result row (dict), a list of rows, or a number.
+        where: what it is, for the message (e.g. ``"1f1b"``).
+
+    Raises:
+        SimtrainError: naming the field and value; such a number would print as ``nan`` / ``inf``
+            and make the JSON invalid.
+    """
+    stack = [(path, value)]
+    while stack:
+        name, v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((f"{name}.{k}" if name else str(k), x) for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{name}[{i}]", x) for i, x in enumerate(v))
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise SimtrainError(
+                f"{where}: the simulation produced {name} = {v}; refusing to report a non-finite result "
+                "(an input is outside what the cost model can represent: check the profile's and model's numbers)")

@@ -204,7 +204,7 @@ def test_no_overwrite_is_atomic(tmp_path):
 
 
 def test_compare_checks_output_folders_before_simulating(tmp_path, monkeypatch):
-    import simtrain.cli as cli
+    import simtrain.cli.compare as cli
 
     monkeypatch.setattr(cli, "run_schedule", lambda *a, **k: pytest.fail("simulated before checking --trace"))
     (tmp_path / "file").write_text("x")

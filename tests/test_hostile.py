@@ -298,7 +298,8 @@ def test_validate_refuses_a_profile_not_calibrated_here():
 def test_speed_reference_only_accepts_this_machine(tmp_path):
     from dataclasses import asdict, replace
 
-    from simtrain.calibration.validate import default_model, speed_reference
+    from simtrain.calibration.predict import speed_reference
+    from simtrain.calibration.workload import default_model
 
     model = asdict(default_model(2, "cpu", quick=False))
     hw = replace(load_profile("h100-sxm"), calibration=dict(

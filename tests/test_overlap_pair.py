@@ -113,8 +113,8 @@ def test_profile_overlap_section(tmp_path):
 
 
 @pytest.mark.parametrize("overlap,pattern", [
-    ({"compute_factor": 0.3}, r"p.yaml: field 'overlap.compute_factor' = 0.3: Input should be greater than or equal to 0.5"),
-    ({"compute_factor": 2.5}, r"field 'overlap.compute_factor' = 2.5: Input should be less than or equal to 2"),
+    ({"compute_factor": 0.3}, r"p.yaml: field 'overlap.compute_factor' = 0.3: must be a finite number >= 0.5 and <= 2"),
+    ({"compute_factor": 2.5}, r"field 'overlap.compute_factor' = 2.5: must be a finite number >= 0.5 and <= 2"),
     ({"sends": "sometimes"}, r"field 'overlap.sends' = 'sometimes': Input should be 'per_half' or 'after_pair'"),
     ({"factor": 1.0}, r"field 'overlap.factor' is not a known field"),
 ])

@@ -14,7 +14,7 @@ import json
 import re
 import types
 import typing
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -57,6 +57,8 @@ def _unit(path: str, annotation: Any) -> str:
 
 def _type_name(annotation: Any) -> str:
     origin = get_origin(annotation)
+    if origin is Annotated:  # a bounded number (simtrain.errors.bounded): the type, not its checks
+        return _type_name(get_args(annotation)[0])
     if origin is Literal:
         return " \\| ".join(json.dumps(a) for a in get_args(annotation))
     if origin in (typing.Union, types.UnionType):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib import resources
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -178,8 +178,10 @@ def run_schedule(
             does not fit in HBM, or a schedule that deadlocks.
     """
     if isinstance(schedule, str):
-        waved_ep = waved_ep or "waved-ep" in split_name(schedule)[1]
-        schedule = generate(schedule, parallel.pp, parallel.microbatches, parallel.vp)
+        base, variants = split_name(schedule)  # the name edge: "1f1b+waved-ep" = 1F1B run with Waved-EP
+        waved_ep = waved_ep or "waved-ep" in variants
+        generated = generate(base, parallel.pp, parallel.microbatches, parallel.vp)
+        schedule = replace(generated, name=schedule.strip()) if variants else generated
     else:
         schedule.validate()
         parallel = parallel.model_copy(

@@ -3,14 +3,16 @@
 Each generator is a function ``(pp, microbatches, vp) -> Schedule`` in its own module, reading
 like its paper's figure. Add a schedule by writing the module and one line in ``REGISTRY``.
 
-A name may carry variants after ``+`` that change how the schedule is run, not its order:
-``1f1b+waved-ep`` is 1F1B with Waved-EP expert overlap (see ``VARIANTS``).
+The registry knows schedule orders only. How a schedule is *run* is not part of it: Waved-EP is a
+lowering option (``lower(..., waves=)``, resolved from ``ParallelConfig.waves``); the names
+``1f1b+waved-ep`` that compare and scenario files accept for it are parsed at that edge, by
+:func:`simtrain.schedules.names.split_name`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .dualpipe import dualpipe
 from .dualpipev import dualpipev
@@ -19,6 +21,7 @@ from .interleaved import interleaved_1f1b
 from .interleaved_zb import interleaved_zero_bubble
 from .ir import Action, ActionKind, OverlapAction, Schedule, ScheduleError, ScheduleWarning, parse_action
 from .looped_bfs import looped_bfs
+from .names import VARIANTS, split_name
 from .one_f_one_b import one_f_one_b
 from .zbv import zbv
 from .zero_bubble import zb_h1, zb_h2
@@ -61,48 +64,25 @@ REGISTRY: dict[str, ScheduleInfo] = {
 }
 
 
-VARIANTS: dict[str, str] = {
-    "waved-ep": "Waved-EP: each MoE layer's local experts run in --waves waves, overlapping dispatch, "
-                "expert compute and combine (DeepSeek-V4 report §3.1)",
-}
-"""Run-time variants a schedule name may carry after ``+``."""
-
-
-def split_name(name: str) -> tuple[str, tuple[str, ...]]:
-    """Split ``"dualpipev+waved-ep"`` into the registry name and its variants.
-
-    Returns:
-        ``(base, variants)``, e.g. ``("dualpipev", ("waved-ep",))``.
-
-    Raises:
-        ScheduleError: unknown base name, unknown or repeated variant.
-    """
-    base, *variants = name.strip().split("+")
-    if base not in REGISTRY:
-        raise ScheduleError(f"unknown schedule '{base}': choose from {sorted(REGISTRY)}")
-    for v in variants:
-        if v not in VARIANTS:
-            raise ScheduleError(
-                f"schedule '{name}': unknown variant '+{v}'; variants are {['+' + k for k in VARIANTS]}"
-            )
-    if len(set(variants)) < len(variants):
-        raise ScheduleError(f"schedule '{name}': a variant is given twice")
-    return base, tuple(variants)
-
-
 def generate(name: str, pp: int, microbatches: int, vp: int = 1) -> Schedule:
-    """Build the schedule registered as ``name`` (variants after ``+`` are kept in its name).
+    """Build the schedule registered as ``name``.
 
     Raises:
-        ScheduleError: unknown name or variant, or parameters the schedule does not allow.
+        ScheduleError: unknown name (a run option such as ``+waved-ep`` is not a schedule: see
+            :func:`simtrain.schedules.names.split_name`), or parameters the schedule does not allow.
     """
-    base, variants = split_name(name)
-    info = REGISTRY[base]
+    info = REGISTRY.get(name.strip())
+    if info is None:
+        base, _, option = name.strip().partition("+")
+        if option and base in REGISTRY:
+            raise ScheduleError(f"'{name.strip()}': '+{option}' is how a schedule is run (a lowering option), "
+                                f"not a schedule order; give '{base}'")
+        raise ScheduleError(f"unknown schedule '{name.strip()}': choose from {sorted(REGISTRY)}")
     if vp < 1:
         raise ScheduleError(f"{name}: --vp = {vp}: must be >= 1 stage per rank")
     schedule = info.generator(pp, microbatches, vp if info.uses_vp else 1)
     schedule.validate()
-    return replace(schedule, name=name.strip()) if variants else schedule
+    return schedule
 
 
 __all__ = [

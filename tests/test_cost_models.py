@@ -141,3 +141,24 @@ def test_parse_cost_choice_keeps_levels_for_the_parallel_config():
     assert parse_cost_choice("ops", "norm,mla_up", None, "unfused").recompute == "norm,mla_up"
     with pytest.raises(SimtrainError, match="unknown module"):
         parse_cost_choice("ops", "norm,,", None, "flash")
+
+
+@pytest.mark.parametrize("schedule, tied, op_times, synced", [
+    ("1f1b", True, None, True), ("1f1b", False, None, False), ("1f1b", True, (1.0, 1.0, 1.0), False),
+    ("zbv", True, None, False),  # the V shape puts the first and last chunk on rank 0: nothing to sync
+])
+def test_tied_embedding_gradients_are_all_reduced_between_first_and_last_stage(schedule, tied, op_times, synced):
+    from conftest import tiny_model
+
+    model, hw = tiny_model(layers=8, tied_embeddings=tied), load_profile("h100-sxm")
+    par = ParallelConfig(pp=4, tp=2, dp=2, microbatches=8, vp=2 if schedule == "zbv" else 1)
+    run = run_schedule(schedule, model, hw, par, op_times=op_times)
+    trace = run.result.trace
+    sync = trace[trace["name"] == "embedding grad all-reduce"]
+    assert (not sync.empty) == synced
+    if synced:
+        assert sorted(sync["rank"]) == [0, 3] and sorted(sync["peer"]) == [0, 3]
+        assert (sync["bytes"] == model.vocab_size * model.hidden_size / 2 * run.costs.grad_bytes_per_param).all()
+        for rank, end in zip(sync["rank"], sync["end_s"]):
+            opt = trace[(trace["rank"] == rank) & (trace["kind"] == "OPT")]
+            assert (opt["start_s"] >= end - 1e-12).all()  # the optimizer waits for it

@@ -193,7 +193,7 @@ def validate(
     published: Annotated[bool, typer.Option(
         "--published", help="compare with the published real-cluster runs shipped in simtrain/published/runs.yaml")] = False,
     cost_model: Annotated[str, typer.Option(
-        "--cost-model", help="with --published: shipped (the cost model of compare) or ops (per-operator)")] = "shipped",
+        "--cost-model", help="with --published: flat (alias shipped; compare's default) or ops (per-operator)")] = "flat",
 ) -> None:
     """Train a small transformer with torch's pipeline schedules (or, with --published, take published
     real-cluster runs); compare with simtrain's prediction."""
@@ -249,8 +249,8 @@ def _validate_published(cost_model: str, as_json: bool) -> None:
     """``simtrain validate --published``: predict every figure of the published suite."""
     from ..published import rows_table, run_suite, summarise
 
-    if cost_model not in ("shipped", "ops"):
-        raise SimtrainError(f"--cost-model = {cost_model!r}: choose shipped or ops")
+    if cost_model not in ("flat", "shipped", "ops"):
+        raise SimtrainError(f"--cost-model = {cost_model!r}: choose flat (alias shipped) or ops")
     runtime = None
     if cost_model == "ops":
         from ..costs_ops import published_runtime as runtime

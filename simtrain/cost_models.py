@@ -4,8 +4,12 @@ Two models price a chunk's F, I and W seconds:
 
 * ``flat``: :mod:`simtrain.costs` (every GEMM at the profile's flat efficiency, memory-bound
   kernels free unless calibrated);
-* ``ops``: :mod:`simtrain.costs_ops` (a roofline per named operator from cited kernel tables),
+* ``ops``: :mod:`simtrain.costs.ops` (a roofline per named operator from cited kernel tables),
   plugged in as :func:`simtrain.scenario.run_schedule`'s ``runtime`` hook.
+
+``auto`` (the commands' default) takes ``ops`` for a shipped profile with kernel tables
+(:func:`simtrain.costs.kernels.has_kernel_tables`) and ``flat`` otherwise, so that a calibrated
+profile keeps its own measurements.
 
 :class:`CostChoice` holds the choice and the settings only ``ops`` understands (recomputation by
 operator, FP8 GEMMs, attention kernel); :func:`stage_breakdown` lists one stage's operators (the
@@ -17,15 +21,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from . import costs_ops
+from .costs import ops as costs_ops
 from .costs import StageCosts
+from .costs.kernels import has_kernel_tables
 from .errors import SimtrainError
 from .hardware import HardwareProfile
 from .models import ModelSpec
 from .parallel import ParallelConfig
 from .scenario import ScheduleRun
 
-COST_MODELS = ("flat", "ops")
+COST_MODELS = ("auto", "flat", "ops")
 RECOMPUTE_LEVELS = ("none", "selective", "full")
 
 
@@ -50,44 +55,56 @@ class CostChoice:
         """The ``runtime`` hook of :func:`simtrain.scenario.run_schedule` (None for ``flat``).
 
         Raises:
-            SimtrainError: as :func:`simtrain.costs_ops.ops_runtime` (e.g. no kernel tables).
+            SimtrainError: as :func:`simtrain.costs.ops.ops_runtime` (e.g. no kernel tables).
         """
         if self.model == "flat":
             return None
         return costs_ops.ops_runtime(model, parallel, hardware, self.attention, self.recompute, self.fp8)
 
 
-def parse_cost_choice(cost_model: str, recompute: str | None, fp8: str | None, attention: str) -> CostChoice:
-    """Validate the flags ``--cost-model``, ``--recompute`` (a module list), ``--fp8`` and ``--attention``.
-
-    Args:
-        cost_model: ``flat`` or ``ops``.
-        recompute: the ``--recompute`` value; a level (none/selective/full) is left to
-            :class:`simtrain.parallel.ParallelConfig`, a module list is kept here.
-        fp8: None or ``gemms``.
-        attention: ``flash`` or ``unfused``.
-
-    Returns:
-        The :class:`CostChoice`.
+def recompute_modules(recompute: str | None) -> str | None:
+    """The ``--recompute`` value if it is a module list (validated), None for a level
+    (none/selective/full, left to :class:`simtrain.parallel.ParallelConfig`) or no flag.
 
     Raises:
-        SimtrainError: an unknown value, an unknown recompute module, or a per-operator setting
-            with ``--cost-model flat`` (one line naming the flag).
+        SimtrainError: an unknown module name (one line listing the allowed ones).
+    """
+    if recompute is None or recompute in RECOMPUTE_LEVELS:
+        return None
+    costs_ops.parse_recompute(recompute)
+    return recompute
+
+
+def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, attention: str,
+                      hardware: HardwareProfile) -> CostChoice:
+    """Validate ``--cost-model``, ``--fp8`` and ``--attention`` and resolve ``auto`` for ``hardware``.
+
+    Args:
+        cost_model: ``auto``, ``flat`` or ``ops``.
+        modules: a ``--recompute`` module list from :func:`recompute_modules`, or None.
+        fp8: None or ``gemms``.
+        attention: ``flash`` or ``unfused``.
+        hardware: the profile (``auto`` takes ``ops`` when it has kernel tables).
+
+    Returns:
+        The :class:`CostChoice`, its ``model`` ``flat`` or ``ops``.
+
+    Raises:
+        SimtrainError: an unknown value, or a per-operator setting that resolves to the flat
+            model (one line naming the flag).
     """
     if cost_model not in COST_MODELS:
-        raise SimtrainError(f"--cost-model = {cost_model!r}: choose flat or ops")
+        raise SimtrainError(f"--cost-model = {cost_model!r}: choose auto, flat or ops")
     if attention not in ("flash", "unfused"):
         raise SimtrainError(f"--attention = {attention!r}: choose flash or unfused")
     if fp8 is not None and fp8 != "gemms":
         raise SimtrainError(f"--fp8 = {fp8!r}: the only choice is gemms (FP8 GEMMs, attention in the compute dtype)")
-    modules = None
-    if recompute is not None and recompute not in RECOMPUTE_LEVELS:
-        costs_ops.parse_recompute(recompute)  # raises on an unknown module
-        modules = recompute
+    model = cost_model if cost_model != "auto" else ("ops" if has_kernel_tables(hardware) else "flat")
     for flag, given in (("--recompute MODULE,...", modules), ("--fp8", fp8)):
-        if given is not None and cost_model == "flat":
-            raise SimtrainError(f"{flag} = {given!r}: needs the per-operator cost model (--cost-model ops)")
-    return CostChoice(cost_model, modules, fp8, attention)
+        if given is not None and model == "flat":
+            raise SimtrainError(f"{flag} = {given!r}: needs the per-operator cost model (--cost-model ops), "
+                                f"which {hardware.name} does not use by default")
+    return CostChoice(model, modules, fp8, attention)
 
 
 def stage_breakdown(run: ScheduleRun, runtime, stage: int) -> dict:
@@ -95,7 +112,7 @@ def stage_breakdown(run: ScheduleRun, runtime, stage: int) -> dict:
 
     Args:
         run: a run simulated with ``runtime``.
-        runtime: the :func:`simtrain.costs_ops.ops_runtime` hook it ran with.
+        runtime: the :func:`simtrain.costs.ops.ops_runtime` hook it ran with.
         stage: the model chunk (pipeline stage) index.
 
     Returns:

@@ -3,6 +3,7 @@ HFU) and the per-rank memory breakdown."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -10,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from simtrain.cli import app
-from simtrain.cost_models import CostChoice, hfu, parse_cost_choice, stage_breakdown
+from simtrain.cost_models import CostChoice, hfu, parse_cost_choice, recompute_modules, stage_breakdown
 from simtrain.errors import SimtrainError
 from simtrain.hardware import load_profile
 from simtrain.memory import PARTS
@@ -70,12 +71,12 @@ def test_compare_breakdown_json_key_matches_the_table():
 
 @pytest.mark.parametrize("args, needle", [
     (["--cost-model", "ops", "--recompute", "norm,mla_up,bogus"], "unknown module 'bogus'"),
-    (["--recompute", "norm,swiglu"], "--cost-model ops"),
-    (["--fp8", "gemms"], "--cost-model ops"),
+    (["--cost-model", "flat", "--recompute", "norm,swiglu"], "--cost-model ops"),
+    (["--cost-model", "flat", "--fp8", "gemms"], "--cost-model ops"),
     (["--cost-model", "ops", "--fp8", "everything"], "the only choice is gemms"),
-    (["--breakdown", "0"], "--cost-model ops"),
-    (["--cost-model", "ops", "--breakdown", "7"], "choose a stage from 0 to 3"),
-    (["--cost-model", "roofline"], "choose flat or ops"),
+    (["--cost-model", "flat", "--breakdown", "0"], "--cost-model ops"),
+    (["--breakdown", "7"], "choose a stage from 0 to 3"),
+    (["--cost-model", "roofline"], "choose auto, flat or ops"),
     (["--cost-model", "ops", "--attention", "sparse"], "choose flash or unfused"),
 ])
 def test_bad_cost_flags_give_one_error_line(args, needle):
@@ -89,9 +90,9 @@ def test_recompute_modules_and_fp8_move_the_ops_costs():
     model, hw = load_model("llama3-8b"), load_profile("h100-sxm")
     par = ParallelConfig(pp=4, tp=2, dp=2, microbatches=8, seq_len=2048, recompute="none")
     step = {}
-    for key, choice in {"none": parse_cost_choice("ops", None, None, "flash"),
-                        "norm": parse_cost_choice("ops", "norm,swiglu", None, "flash"),
-                        "fp8": parse_cost_choice("ops", None, "gemms", "flash")}.items():
+    for key, choice in {"none": parse_cost_choice("ops", None, None, "flash", hw),
+                        "norm": parse_cost_choice("ops", recompute_modules("norm,swiglu"), None, "flash", hw),
+                        "fp8": parse_cost_choice("auto", None, "gemms", "flash", hw)}.items():
         run = run_schedule("1f1b", model, hw, par, runtime=choice.runtime(model, par, hw))
         step[key] = (run.costs.chunks[1].backward_input_s, run.report.step_time_s, hfu(run, model, par, hw, choice),
                      run.report.mfu)
@@ -136,11 +137,25 @@ def test_memory_breakdown_adds_up_to_the_peak(schedule):
     assert rep.fits_in_hbm == (max(sum(p.values()) for p in rep.memory_breakdown_bytes) <= rep.hbm_bytes)
 
 
-def test_parse_cost_choice_keeps_levels_for_the_parallel_config():
-    assert parse_cost_choice("flat", "full", None, "flash").recompute is None
-    assert parse_cost_choice("ops", "norm,mla_up", None, "unfused").recompute == "norm,mla_up"
+def test_auto_takes_ops_for_shipped_profiles_and_flat_for_calibrated_ones():
+    hw = load_profile("h100-sxm")
+    assert recompute_modules("full") is None and recompute_modules("norm,mla_up") == "norm,mla_up"
+    assert parse_cost_choice("auto", None, None, "flash", hw).model == "ops"
+    calibrated = dataclasses.replace(hw, calibration={"source": "a measured run"})
+    assert parse_cost_choice("auto", None, None, "flash", calibrated).model == "flat"
+    with pytest.raises(SimtrainError, match="needs the per-operator cost model"):
+        parse_cost_choice("auto", "norm", None, "flash", calibrated)
     with pytest.raises(SimtrainError, match="unknown module"):
-        parse_cost_choice("ops", "norm,,", None, "flash")
+        recompute_modules("norm,,")
+
+
+def test_default_compare_is_the_per_operator_model_and_flat_stays_reachable():
+    rows = {}
+    for args in ([], ["--cost-model", "ops"], ["--cost-model", "flat"]):
+        res = invoke("compare", *SMALL, "--schedules", "1f1b", *args, "--json")
+        assert res.exit_code == 0, res.output
+        rows[tuple(args)] = json.loads(res.stdout)[0]["step_time_s"]
+    assert rows[()] == rows[("--cost-model", "ops")] != rows[("--cost-model", "flat")]
 
 
 @pytest.mark.parametrize("schedule, tied, op_times, synced", [

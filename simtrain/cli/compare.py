@@ -24,7 +24,7 @@ from ..progress import progress
 from ..scenario import ScheduleRun, run_schedule
 from ..schedules import Schedule, split_name
 from ..schedules.io import read_torch_csv
-from ..cost_models import CostChoice, hfu, parse_cost_choice, stage_breakdown
+from ..cost_models import CostChoice, hfu, parse_cost_choice, recompute_modules, stage_breakdown
 from ..sweep import SweepSpec, parse_sweep, run_sweep, sweep_from_mapping
 from ..viz import Panel, Sweep, write_dashboard
 from ..viz.tables import SWEEP_COLUMNS, summary_columns
@@ -51,7 +51,8 @@ def compare(
         help="activation recomputation: none, selective, full, or (--cost-model ops) operators MODULE,MODULE,... "
              "e.g. norm,mla_up,swiglu (memory is then kept as for none)")] = None,
     cost_model: Annotated[str, typer.Option(
-        help="compute cost model: flat (one GEMM efficiency) or ops (per-operator rooflines from kernel tables)")] = "flat",
+        help="compute cost model: auto (ops where the profile has kernel tables, else flat), flat (one GEMM "
+             "efficiency) or ops (per-operator rooflines from kernel tables)")] = "auto",
     fp8: Annotated[Optional[str], typer.Option(
         help="gemms: FP8 linear-layer GEMMs, attention and memory-bound kernels in --dtype (--cost-model ops)")] = None,
     attention: Annotated[str, typer.Option(
@@ -87,10 +88,8 @@ def compare(
         help="take model and parallel settings from a torchtitan job file (JOB.toml)")] = None,
 ) -> None:
     """Simulate one training step for each schedule and compare them (table + HTML dashboard)."""
-    choice = parse_cost_choice(cost_model, recompute, fp8, attention)
-    if breakdown is not None and choice.model != "ops":
-        raise SimtrainError(f"--breakdown = {breakdown}: needs the per-operator cost model (--cost-model ops)")
-    recompute = "none" if choice.recompute else recompute
+    modules = recompute_modules(recompute)
+    recompute = "none" if modules else recompute
     overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
                      seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
@@ -99,6 +98,9 @@ def compare(
     for line in job.summary() if job else []:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
     st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)
+    choice = parse_cost_choice(cost_model, modules, fp8, attention, st.hardware)
+    if breakdown is not None and choice.model != "ops":
+        raise SimtrainError(f"--breakdown = {breakdown}: needs the per-operator cost model (--cost-model ops)")
     plan = _plan_compare(st, schedules, schedule_file, sweep, pp, microbatches)
     inputs = [p for p in (scenario, Path(model) if model else None, Path(hardware) if hardware else None,
                           schedule_file, from_megatron, from_torchtitan) if p]

@@ -65,6 +65,9 @@ def describe_validation_error(err: ValidationError, source: str) -> str:
     return f"{source}: " + "; ".join(parts)
 
 
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_yaml_file(path: Path) -> Any:
     """Read a YAML file, turning every I/O or syntax problem into a :class:`SimtrainError`.
 
@@ -88,7 +91,7 @@ def load_yaml_file(path: Path) -> Any:
     except OSError as exc:
         raise SimtrainError(f"{path}: cannot read the file ({exc.strerror})") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_SAFE_LOADER)  # safe_load's loader, in C where libyaml is built in
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -40,16 +40,13 @@ ALLOCATOR_RESERVE_FRACTION = 0.0
 applies (the module docstring gives the measured range)."""
 
 
-def _w_pending_at(trace: pd.DataFrame, rank: int, t: float, costs: StageCosts, schedule: Schedule) -> float:
-    """Bytes held for W on ``rank`` at time ``t``: I ended at or before ``t``, W not yet ended."""
-    mine = trace[(trace["rank"] == rank) & trace["kind"].isin(("I", "W")) & trace["stage"].notna()]
-    if mine.empty:
+def _w_pending_at(ends: pd.DataFrame | None, t: float, costs: StageCosts, schedule: Schedule) -> float:
+    """Bytes held for W at time ``t`` on a rank whose (stage, microbatch) I and W end times are
+    ``ends`` (columns ``I``, ``W``): I ended at or before ``t``, W not yet ended."""
+    if ends is None or "I" not in ends:
         return 0.0
-    ends = mine.groupby(["stage", "microbatch", "kind"])["end_s"].max().unstack("kind")
-    if "I" not in ends:
-        return 0.0
-    w_end = ends["W"] if "W" in ends else pd.Series(float("inf"), index=ends.index)
-    held = ends[(ends["I"] <= t) & ~(w_end.fillna(float("inf")) <= t)]
+    w_end = ends["W"].fillna(float("inf")) if "W" in ends else pd.Series(float("inf"), index=ends.index)
+    held = ends[(ends["I"] <= t) & ~(w_end <= t)]
     return float(sum(costs.chunks[schedule.chunk_of(int(stage))].weight_grad_bytes for stage, _ in held.index))
 
 
@@ -66,16 +63,18 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
         to its peak of the memory timeline plus the allocator reserve.
     """
     mem, tasks = result.memory, result.trace
+    split = tasks[tasks["kind"].isin(("I", "W")) & tasks["stage"].notna()]
+    ends = {rank: g.groupby(["stage", "microbatch", "kind"])["end_s"].max().unstack("kind")
+            for rank, g in split.groupby("rank")}
+    peaks = mem.loc[mem.groupby("rank")["bytes"].idxmax()].set_index("rank")
     rows = []
     for rank in range(schedule.num_ranks):
         held = sorted({schedule.chunk_of(s) for s in schedule.stages_of(rank)})
         static = costs.static_bytes(held)
         copy = sum(costs.chunks[c].params for c in held) * costs.grad_bytes_per_param
-        timeline = mem[mem["rank"] == rank]
-        peak_at = timeline["bytes"].idxmax()
-        peak, t = float(timeline.at[peak_at, "bytes"]), float(timeline.at[peak_at, "time_s"])
+        peak, t = float(peaks.at[rank, "bytes"]), float(peaks.at[rank, "time_s"])
         dynamic = max(peak - static, 0.0)
-        pending = min(_w_pending_at(tasks, rank, t, costs, schedule), dynamic)
+        pending = min(_w_pending_at(ends.get(rank), t, costs, schedule), dynamic)
         rows.append(dict(weights=copy, gradients=copy, optimizer_states=static - 2 * copy,
                          activations=dynamic - pending, w_pending=pending, comm_buffers=0.0,
                          allocator_reserve=ALLOCATOR_RESERVE_FRACTION * peak))

@@ -110,6 +110,15 @@ def add_gradient_reduction(low: Lowering) -> None:
                     reduce.deps.append(piece.tid)
 
 
+def _last_compute(low: Lowering) -> dict[int, int]:
+    """Rank -> the id of its last compute-stream task so far (one pass over the graph)."""
+    last: dict[int, int] = {}
+    for t in low.graph.tasks:
+        if t.stream == "compute":
+            last[t.rank] = t.tid
+    return last
+
+
 def add_embedding_sync(low: Lowering) -> None:
     """Pass 3b: the tied word-embedding gradient all-reduce between the rank holding the first
     chunk (input embedding) and the rank holding the last (LM head), after each rank's last
@@ -126,10 +135,7 @@ def add_embedding_sync(low: Lowering) -> None:
     if holders[0] == holders[1]:
         return
     nbytes = costs.tied_embedding_params * costs.grad_bytes_per_param
-    last_compute: dict[int, int] = {}
-    for t in low.graph.tasks:
-        if t.stream == "compute":
-            last_compute[t.rank] = t.tid
+    last_compute = _last_compute(low)
     deps = [last_compute[r] for r in holders if r in last_compute]
     for rank, peer in (holders, holders[::-1]):
         collective = Collective("p2p", "pp", nbytes)
@@ -145,10 +151,7 @@ def add_optimizer(low: Lowering) -> None:
     routed experts over expert-DP)."""
     schedule, costs, topology, parallel = low.schedule, low.costs, low.topology, low.topology.parallel
     dp = parallel.dp if low.comm else 1
-    last_compute: dict[int, int] = {}  # rank -> its last compute-stream task, in one pass
-    for t in low.graph.tasks:
-        if t.stream == "compute":
-            last_compute[t.rank] = t.tid
+    last_compute = _last_compute(low)
     for rank in range(schedule.num_ranks):
         duration = costs.optimizer_s(low.held[rank])
         if duration <= 0:

@@ -76,7 +76,7 @@ def recompute_modules(recompute: str | None) -> str | None:
 
 
 def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, attention: str,
-                      hardware: HardwareProfile) -> CostChoice:
+                      hardware: HardwareProfile, model: ModelSpec | None = None) -> CostChoice:
     """Validate ``--cost-model``, ``--fp8`` and ``--attention`` and resolve ``auto`` for ``hardware``.
 
     Args:
@@ -85,6 +85,8 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
         fp8: None or ``gemms``.
         attention: ``flash`` or ``unfused``.
         hardware: the profile (``auto`` takes ``ops`` when it has kernel tables).
+        model: the model; an MoE model keeps the flat model (the per-operator terms do not cover
+            routed experts), so ``auto`` gives ``flat`` and ``ops`` is refused.
 
     Returns:
         The :class:`CostChoice`, its ``model`` ``flat`` or ``ops``.
@@ -99,12 +101,16 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
         raise SimtrainError(f"--attention = {attention!r}: choose flash or unfused")
     if fp8 is not None and fp8 != "gemms":
         raise SimtrainError(f"--fp8 = {fp8!r}: the only choice is gemms (FP8 GEMMs, attention in the compute dtype)")
-    model = cost_model if cost_model != "auto" else ("ops" if has_kernel_tables(hardware) else "flat")
+    moe = model is not None and model.moe is not None
+    if cost_model == "ops" and moe:
+        raise SimtrainError(f"--cost-model = 'ops': {model.name} is an MoE model, which the per-operator model "
+                            "does not cover yet; use auto or flat")
+    chosen = cost_model if cost_model != "auto" else ("ops" if has_kernel_tables(hardware) and not moe else "flat")
     for flag, given in (("--recompute MODULE,...", modules), ("--fp8", fp8)):
-        if given is not None and model == "flat":
+        if given is not None and chosen == "flat":
             raise SimtrainError(f"{flag} = {given!r}: needs the per-operator cost model (--cost-model ops), "
-                                f"which {hardware.name} does not use by default")
-    return CostChoice(model, modules, fp8, attention)
+                                f"which {model.name if moe else hardware.name} does not use")
+    return CostChoice(chosen, modules, fp8, attention)
 
 
 def stage_breakdown(run: ScheduleRun, runtime, stage: int) -> dict:

@@ -98,7 +98,7 @@ def compare(
     for line in job.summary() if job else []:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
     st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)
-    choice = parse_cost_choice(cost_model, modules, fp8, attention, st.hardware)
+    choice = parse_cost_choice(cost_model, modules, fp8, attention, st.hardware, st.model)
     if breakdown is not None and choice.model != "ops":
         raise SimtrainError(f"--breakdown = {breakdown}: needs the per-operator cost model (--cost-model ops)")
     plan = _plan_compare(st, schedules, schedule_file, sweep, pp, microbatches)
@@ -298,7 +298,8 @@ def _write_outputs(outputs: tuple[Path | None, ...], st: Settings, plan: _Compar
 def _print_summary(reports: list[Report], subtitle: str) -> None:
     """The terminal table of :data:`simtrain.viz.tables.SUMMARY_COLUMNS`, one row per schedule."""
     table = Table(title=subtitle)
-    cols = [c for c in summary_columns(reports) if c.cli is not None]
+    ep = any(r.a2a_s > 0 for r in reports)  # the EP columns already fill the width: HFU stays in JSON/HTML
+    cols = [c for c in summary_columns(reports) if c.cli is not None and not (ep and c.key == "hfu")]
     for c in cols:
         table.add_column(c.cli, justify="left" if c.key == "schedule" else "right", no_wrap=c.key == "schedule")
     for r in reports:

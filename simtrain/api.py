@@ -7,6 +7,7 @@ row. Units are SI: seconds, bytes, FLOP/s; ratios in [0, 1].
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from .metrics import Report as _MetricsReport
 from .models import ModelSpec
 from .models import load_model as _load_model
 from .parallel import ParallelConfig
+from .cost_models import hfu, parse_cost_choice
 from .scenario import ScheduleRun, run_schedule
 from .schedules import split_name
 
@@ -134,6 +136,7 @@ def compare(
     tp: int | None = None, pp: int | None = None, dp: int | None = None, ep: int | None = None,
     vp: int | None = None, microbatches: int | None = None, microbatch_size: int | None = None,
     seq_len: int | None = None, op_times: tuple[float, float, float] | None = None, comm: bool = True,
+    cost_model: str = "auto",
     **options: Any,
 ) -> Comparison:
     """Simulate one training step per schedule, as ``simtrain compare --model ... --hardware ...``.
@@ -146,6 +149,8 @@ def compare(
             step shape (None: its default, as when the CLI flag is left out; seq_len in tokens).
         op_times: fixed (F, I, W) seconds per action instead of the cost model.
         comm: False makes all communication free (``--no-comm``).
+        cost_model: ``auto`` (the per-operator model where the profile has kernel tables),
+            ``flat`` or ``ops``, as ``compare --cost-model`` (:mod:`simtrain.cost_models`).
         **options: any other :class:`~simtrain.parallel.ParallelConfig` field (``dtype``,
             ``zero_stage``, ``recompute``, ``waves``, ``expert_imbalance``, ...).
 
@@ -163,8 +168,12 @@ def compare(
         schedules = [schedules]
     for name in schedules:
         split_name(name)
-    return Comparison(Report.from_run(run_schedule(name, spec, hw, config, op_times=op_times, comm=comm))
-                      for name in schedules)
+    choice = parse_cost_choice(cost_model, None, None, "flash", hw, spec)
+    runtime = choice.runtime(spec, config, hw)
+    runs = [run_schedule(name, spec, hw, config, op_times=op_times, comm=comm, runtime=runtime) for name in schedules]
+    runs = [dataclasses.replace(r, report=dataclasses.replace(r.report, hfu=hfu(r, spec, config, hw, choice)))
+            for r in runs]
+    return Comparison(Report.from_run(r) for r in runs)
 
 
 def simulate(

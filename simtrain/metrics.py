@@ -139,6 +139,8 @@ class Report:
     exposed_a2a_s: float = 0.0
     ep_share: float = 0.0
     link_utilisation: dict[str, float] | None = None
+    hfu: float | None = None
+    memory_breakdown_bytes: list[dict[str, float]] | None = None
 
     def to_row(self) -> dict:
         """A plain dict (JSON-serialisable) of every field."""

@@ -6,7 +6,7 @@ TP group sits inside one node when ``tp <= gpus_per_node``; consecutive pipeline
 next TP groups; DP is outermost. GPU ``g = (dp_idx * pp + pp_idx) * tp + tp_idx`` sits on node
 ``g // gpus_per_node``.
 
-With expert parallelism (``ep > 1``) the order is Megatron-Core's default ``tp-cp-ep-dp-pp``
+With expert parallelism (``ep > 1``), or ``rank_order: tp-dp-pp``, the order is Megatron-Core's default ``tp-cp-ep-dp-pp``
 (``megatron/core/parallel_state.py``, ``RankGenerator``; no CP here): PP is outermost, so the
 ``dp x tp`` GPUs of one pipeline stage are consecutive and an EP group (``ep`` consecutive of them,
 carved out of the data-parallel ranks) fills whole nodes, as in DeepSeek-V3's EP 64 over 8 nodes
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import NumbersNotBooleans
 from .hardware import Dtype
@@ -77,6 +77,10 @@ class ParallelConfig(NumbersNotBooleans):
         waves: expert waves per MoE layer for ``+waved-ep`` schedules (None: min(4, local
             experts)).
         forward_only: simulate forward passes only (inference / RL rollout step).
+        rank_order: how GPU ids are numbered, innermost first: ``tp-pp-dp`` (Llama 3's order)
+            or ``tp-dp-pp`` (PP outermost: Megatron-Core's order with EP, and DeepSpeed's
+            ``PipeModelDataParallelTopology``, axes ``['pipe', 'data', 'model']``, which BLOOM's
+            Megatron-DeepSpeed uses). None: ``tp-dp-pp`` when ``ep > 1``, else ``tp-pp-dp``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -100,6 +104,14 @@ class ParallelConfig(NumbersNotBooleans):
     a2a_links: Literal["shared", "separate"] = "shared"
     waves: int | None = Field(default=None, ge=1)
     forward_only: bool = False
+    rank_order: Literal["tp-pp-dp", "tp-dp-pp"] | None = None
+
+    @model_validator(mode="after")
+    def _order_fits_ep(self) -> ParallelConfig:
+        if self.ep > 1 and self.rank_order == "tp-pp-dp":
+            raise ValueError("rank_order 'tp-pp-dp' cannot carve EP groups out of a stage's GPUs; "
+                             "use 'tp-dp-pp' (the default with ep > 1)")
+        return self
 
     @property
     def world_size(self) -> int:
@@ -113,8 +125,8 @@ class ParallelConfig(NumbersNotBooleans):
 
     def gpu_id(self, pp_rank: int, dp_rank: int = 0, tp_rank: int = 0) -> int:
         """Global GPU index of (pp_rank, dp_rank, tp_rank): [TP, PP, DP] order, or [TP, DP, PP]
-        when ``ep > 1`` (see the module docstring)."""
-        if self.ep > 1:
+        when ``ep > 1`` or ``rank_order`` says so (see the module docstring)."""
+        if self.ep > 1 or self.rank_order == "tp-dp-pp":
             return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
         return (dp_rank * self.pp + pp_rank) * self.tp + tp_rank
 

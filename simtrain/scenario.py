@@ -11,6 +11,7 @@ from __future__ import annotations
 from importlib import resources
 
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from .engine import SimResult, simulate
 from .errors import SimtrainError, load_yaml_file, validate_model
 from .hardware import GiB, HardwareProfile
 from .lowering import lower
+from .memory import memory_breakdown
 from .metrics import Report, compute_report
 from .models import ModelSpec
 from .network import Topology
@@ -218,4 +220,7 @@ def run_schedule(
         tokens_per_replica=schedule.num_microbatches * costs.tokens_per_microbatch,
         mfu_valid=not costs.fixed_op_times,
     )
+    parts = memory_breakdown(result, costs, schedule)
+    report = dataclasses.replace(report, memory_breakdown_bytes=parts,
+                                 fits_in_hbm=max(sum(p.values()) for p in parts) <= hardware.hbm_bytes)
     return ScheduleRun(schedule, costs, result, report)

@@ -107,6 +107,7 @@ def run_sweep(
     op_times: tuple[float, float, float] | None = None,
     comm: bool = True,
     on_point: Callable[[str], None] | None = None,
+    runtime: Callable[[ParallelConfig], Callable | None] | None = None,
 ) -> pd.DataFrame:
     """Simulate every schedule at every value of ``spec``.
 
@@ -117,6 +118,8 @@ def run_sweep(
         spec: the swept field and its values.
         op_times, comm: as in :func:`simtrain.scenario.run_schedule`.
         on_point: called with ``"<schedule> at <field>=<value>"`` after each point (progress).
+        runtime: builds run_schedule's ``runtime`` hook for each point's parallel config (e.g.
+            the per-operator cost model, :meth:`simtrain.cost_models.CostChoice.runtime`); None: none.
 
     Returns:
         DataFrame with :data:`ROW_COLUMNS`, one row per (value, schedule) in that order; rows of
@@ -128,9 +131,10 @@ def run_sweep(
             par = ParallelConfig.model_validate({**parallel.model_dump(), spec.field: value})
         except ValidationError as exc:  # pragma: no cover - _check already keeps values positive
             raise SimtrainError(f"--sweep {spec.field}={value}: {exc.errors()[0]['msg']}") from None
+        hook = runtime(par) if runtime is not None else None
         for name in schedules:
             try:
-                report = run_schedule(name, model, hardware, par, op_times=op_times, comm=comm).report
+                report = run_schedule(name, model, hardware, par, op_times=op_times, comm=comm, runtime=hook).report
             except SimtrainError as exc:
                 rows.append(dict(schedule=name, field=spec.field, value=value, error=str(exc)))
                 continue

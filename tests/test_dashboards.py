@@ -43,11 +43,16 @@ def test_scenario_names_its_source_and_renders(path, rendered_scenarios):
     assert any(r["fits_in_hbm"] for r in runs)
 
 
-def test_gpipe_microbatch_sweep_follows_the_formula(tmp_path):
-    """Cost model with communication: within 3 points of (p-1)/(m+p-1), falling with m; GPipe's memory
-    grows with m while 1F1B's stays put."""
+@pytest.mark.parametrize("cost_model, slack", [("flat", 0.03), ("auto", 0.04)])
+def test_gpipe_microbatch_sweep_follows_the_formula(tmp_path, cost_model, slack):
+    """Cost model with communication: near (p-1)/(m+p-1), falling with m; GPipe's memory grows
+    with m while 1F1B's stays put. The formula assumes balanced stages; 30 layers on 8 stages give
+    the first and last stage 3 layers, so the step is as slow as the slowest stage and the first
+    idles. The flat model keeps the last stage (3 layers + LM head) lighter than a 4-layer one;
+    the per-operator model (default) makes it 1.2 % heavier (fp32 cross-entropy and the head
+    GEMM), which adds that much idle time on every other stage: within 4 points at m = 64."""
     res = invoke("compare", str(SCENARIO_DIR / "gpipe-microbatches.yaml"), "--json",
-                 "--out", str(tmp_path / "g.html"))
+                 "--cost-model", cost_model, "--out", str(tmp_path / "g.html"))
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)["sweep"]
     p = 8
@@ -57,7 +62,7 @@ def test_gpipe_microbatch_sweep_follows_the_formula(tmp_path):
         bubbles = [r["bubble_ratio"] for r in mine]
         assert all(a > b for a, b in zip(bubbles, bubbles[1:]))
         for r in mine:
-            assert r["bubble_ratio"] == pytest.approx((p - 1) / (r["value"] + p - 1), abs=0.03)
+            assert r["bubble_ratio"] == pytest.approx((p - 1) / (r["value"] + p - 1), abs=slack)
         tokens = [r["tokens_per_s"] for r in mine]
         assert all(a < b for a, b in zip(tokens, tokens[1:]))
     gpipe_mem = [r["peak_memory_bytes"] for r in rows if r["schedule"] == "gpipe"]

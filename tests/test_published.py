@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from simtrain.cli import app
-from simtrain.costs_ops import published_runtime
+from simtrain.costs.ops import published_runtime
 from simtrain.errors import SimtrainError
 from simtrain.published import load_suite, run_suite, suite_path, summarise
 

@@ -194,7 +194,8 @@ def validate(
     published: Annotated[bool, typer.Option(
         "--published", help="compare with the published real-cluster runs shipped in simtrain/published/runs.yaml")] = False,
     cost_model: Annotated[str, typer.Option(
-        "--cost-model", help="with --published: shipped (the cost model of compare) or ops (per-operator)")] = "shipped",
+        "--cost-model", help="with --published: auto (as compare: ops where the profile has kernel tables), "
+                             "flat (alias shipped) or ops (per-operator)")] = "auto",
 ) -> None:
     """Train a small transformer with torch's pipeline schedules (or, with --published, take published
     real-cluster runs); compare with simtrain's prediction."""
@@ -260,11 +261,13 @@ def _validate_published(cost_model: str, as_json: bool) -> None:
     """``simtrain validate --published``: predict every figure of the published suite."""
     from ..published import rows_table, run_suite, summarise
 
-    if cost_model not in ("shipped", "ops"):
-        raise SimtrainError(f"--cost-model = {cost_model!r}: choose shipped or ops")
-    runtime = None
-    if cost_model == "ops":
-        from ..costs_ops import published_runtime as runtime
+    from ..costs.kernels import has_kernel_tables
+    from ..costs.ops import published_runtime
+
+    if cost_model not in ("auto", "flat", "shipped", "ops"):
+        raise SimtrainError(f"--cost-model = {cost_model!r}: choose auto, flat (alias shipped) or ops")
+    runtime = {"ops": published_runtime, "auto": lambda m, p, hw, a: published_runtime(m, p, hw, a)
+               if has_kernel_tables(hw) else None}.get(cost_model)
     rows = run_suite(runtime)
     if as_json:
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))

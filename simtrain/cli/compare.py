@@ -25,6 +25,7 @@ from ..progress import progress
 from ..scenario import ScheduleRun, run_schedule
 from ..schedules import Schedule, split_name
 from ..schedules.io import read_torch_csv
+from ..cost_models import CostChoice, hfu, parse_cost_choice, recompute_modules, stage_breakdown
 from ..sweep import SweepSpec, parse_sweep, run_sweep, sweep_from_mapping
 from ..viz import Panel, Sweep, write_dashboard
 from ..viz.tables import SWEEP_COLUMNS, summary_columns
@@ -47,7 +48,18 @@ def compare(
     seq_len: Annotated[Optional[int], typer.Option(help="tokens per sequence (default: the model's)")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="compute dtype: bf16, fp16, fp8, fp32, tf32")] = None,
     zero_stage: Annotated[Optional[int], typer.Option(help="ZeRO stage: 0 or 1")] = None,
-    recompute: Annotated[Optional[str], typer.Option(help="activation recomputation: none, selective, full")] = None,
+    recompute: Annotated[Optional[str], typer.Option(
+        help="activation recomputation: none, selective, full, or (--cost-model ops) operators MODULE,MODULE,... "
+             "e.g. norm,mla_up,swiglu (memory is then kept as for none)")] = None,
+    cost_model: Annotated[str, typer.Option(
+        help="compute cost model: auto (ops where the profile has kernel tables, else flat), flat (one GEMM "
+             "efficiency) or ops (per-operator rooflines from kernel tables)")] = "auto",
+    fp8: Annotated[Optional[str], typer.Option(
+        help="gemms: FP8 linear-layer GEMMs, attention and memory-bound kernels in --dtype (--cost-model ops)")] = None,
+    attention: Annotated[str, typer.Option(
+        help="attention kernel for --cost-model ops: flash (fused) or unfused (materialised scores)")] = "flash",
+    breakdown: Annotated[Optional[int], typer.Option(
+        help="show where this stage's F, I, W time goes per operator (--cost-model ops; JSON key 'breakdown')")] = None,
     schedules: Annotated[Optional[str], typer.Option(
         help="comma-separated schedule names; '+waved-ep' adds Waved-EP, e.g. 1f1b,1f1b+waved-ep")] = None,
     schedule_file: Annotated[Optional[Path], typer.Option(
@@ -78,6 +90,8 @@ def compare(
     max_tasks: Annotated[int, typer.Option(help="refuse runs estimated above this many simulated tasks")] = MAX_TASKS,
 ) -> None:
     """Simulate one training step for each schedule and compare them (table + HTML dashboard)."""
+    modules = recompute_modules(recompute)
+    recompute = "none" if modules else recompute
     overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
                      seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
@@ -86,25 +100,37 @@ def compare(
     for line in job.summary() if job else []:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
     st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)
+    choice = parse_cost_choice(cost_model, modules, fp8, attention, st.hardware, st.model)
+    if breakdown is not None and choice.model != "ops":
+        raise SimtrainError(f"--breakdown = {breakdown}: needs the per-operator cost model (--cost-model ops)")
     plan = _plan_compare(st, schedules, schedule_file, sweep, pp, microbatches)
     _check_plan(st, plan, {k for k, v in overrides.items() if v is not None}, max_tasks)
     inputs = [p for p in (scenario, Path(model) if model else None, Path(hardware) if hardware else None,
                           schedule_file, from_megatron, from_torchtitan) if p]
     outputs = _check_outputs(st, out_path, as_json, trace_path, csv_path, inputs, force)
     plan = _at_sweep_point(st, plan)
-    runs, sweep_rows = _run_compare(st, plan)
-    subtitle = _subtitle(st.model, st.hardware, plan.parallel, st.op_times, st.comm)
+    runs, sweep_rows = _run_compare(st, plan, choice)
+    subtitle = _subtitle(st.model, st.hardware, plan.parallel, st.op_times, st.comm) + _cost_note(choice)
     _write_outputs(outputs, st, plan, runs, sweep_rows, subtitle)
     reports = [r.report for r in runs]
+    table = None
+    if breakdown is not None:
+        table = stage_breakdown(runs[0], choice.runtime(st.model, plan.parallel, st.hardware), breakdown)
     if as_json:
         rows = [r.to_row() for r in reports]
-        if sweep_rows is not None:
-            rows = {"runs": rows, "sweep": json.loads(sweep_rows.to_json(orient="records"))}
+        if sweep_rows is not None or table is not None:
+            rows = {"runs": rows}
+            if sweep_rows is not None:
+                rows["sweep"] = json.loads(sweep_rows.to_json(orient="records"))
+            if table is not None:
+                rows["breakdown"] = table
         print(json.dumps(rows, indent=2))
     else:
         if sweep_rows is not None:
             _print_sweep(sweep_rows, plan.sweep.field)
         _print_summary(reports, subtitle)
+        if table is not None:
+            _print_breakdown(table, runs[0].report.schedule)
         for label, path in zip(("dashboard", "trace", "csv"), outputs):
             if path is not None:
                 out.print(f"{label}: {path}")
@@ -200,29 +226,34 @@ def _check_outputs(st: Settings, out_path: Path | None, as_json: bool, trace_pat
     return html_path, trace_path, csv_path
 
 
-def _run_compare(st: Settings, plan: _ComparePlan) -> tuple[list[ScheduleRun], pd.DataFrame | None]:
-    """Simulate every schedule (and the imported one, last) and the sweep.
+def _run_compare(st: Settings, plan: _ComparePlan,
+                 choice: CostChoice) -> tuple[list[ScheduleRun], pd.DataFrame | None]:
+    """Simulate every schedule (and the imported one, last) and the sweep with the cost model
+    of ``choice``; each report gains its HFU.
 
     Raises:
         SimtrainError: the imported order deadlocks, no sweep point could be simulated, or a result
             holds NaN or infinity (:func:`simtrain.checks.check_finite`).
     """
     spec, hw, parallel, times, comm = st.model, st.hardware, plan.parallel, st.op_times, st.comm
+    runtime = choice.runtime(spec, parallel, hw)
     steps = len(plan.names) + (plan.imported is not None) + len(plan.names) * len(plan.sweep.values if plan.sweep else [])
     with progress(err, steps, "simulating") as advance:
         runs = []
         for name in plan.names:
-            runs.append(run_schedule(name, spec, hw, parallel, op_times=times, comm=comm))
+            runs.append(run_schedule(name, spec, hw, parallel, op_times=times, comm=comm, runtime=runtime))
             advance(name)
         if plan.imported is not None:
             try:
-                runs.append(run_schedule(plan.imported, spec, hw, parallel, op_times=times, comm=comm))
+                runs.append(run_schedule(plan.imported, spec, hw, parallel, op_times=times, comm=comm,
+                                         runtime=runtime))
             except DeadlockError as exc:
                 raise SimtrainError(f"--schedule-file {plan.schedule_file}: the order cannot run: {exc}") from None
+        runs = [replace(r, report=replace(r.report, hfu=hfu(r, spec, parallel, hw, choice))) for r in runs]
         sweep_rows = None
         if plan.sweep is not None:
             sweep_rows = run_sweep(plan.names, spec, hw, parallel, plan.sweep, op_times=times, comm=comm,
-                                   on_point=advance)
+                                   on_point=advance, runtime=lambda par: choice.runtime(spec, par, hw))
             if sweep_rows["error"].notna().all():
                 raise SimtrainError(f"--sweep: no point could be simulated; first reason: {sweep_rows['error'].iloc[0]}")
         for r in runs:
@@ -245,6 +276,28 @@ def _subtitle(spec: ModelSpec, hw: HardwareProfile, parallel: ParallelConfig,
         + (f", op-times F,I,W = {times}" if times else "") + ("" if comm else ", no communication")
         + (", forward only" if parallel.forward_only else "")
     )
+
+
+def _cost_note(choice: CostChoice) -> str:
+    """The subtitle's note on a non-default cost model."""
+    if choice.model == "flat":
+        return ""
+    return (f", per-operator costs ({choice.attention} attention" + (f", recompute {choice.recompute}" if choice.recompute
+            else "") + (", FP8 GEMMs" if choice.fp8 else "") + ")")
+
+
+def _print_breakdown(table: dict, schedule: str) -> None:
+    """The terminal table of :func:`simtrain.cost_models.stage_breakdown`: one row per operator."""
+    t = Table(title=f"stage {table['stage']} ({schedule}): layers {table['layers'][0] if table['layers'] else '-'}"
+                    f"..{table['layers'][-1] if table['layers'] else '-'}, per microbatch")
+    for col in ("operator", "bound", "F GFLOP", "F MB", "F ms", "I ms", "W ms"):
+        t.add_column(col, justify="left" if col in ("operator", "bound") else "right")
+    for o in table["operators"]:
+        t.add_row(o["name"], o["bound"], f"{o['flops'][0] / 1e9:,.1f}", f"{o['bytes'][0] / 1e6:,.1f}",
+                  *(f"{s * 1e3:.3f}" for s in o["seconds"]))
+    t.add_row("total", "", "", "", *(f"{s * 1e3:.3f}" for s in table["total_s"]))
+    t.add_row("per step: optimizer", "memory", "", "", "", "", f"{table['per_step']['optimizer_s'] * 1e3:.3f}")
+    out.print(t)
 
 
 def _write_outputs(outputs: tuple[Path | None, ...], st: Settings, plan: _ComparePlan, runs: list[ScheduleRun],
@@ -270,7 +323,8 @@ def _write_outputs(outputs: tuple[Path | None, ...], st: Settings, plan: _Compar
 def _print_summary(reports: list[Report], subtitle: str) -> None:
     """The terminal table of :data:`simtrain.viz.tables.SUMMARY_COLUMNS`, one row per schedule."""
     table = Table(title=subtitle)
-    cols = [c for c in summary_columns(reports) if c.cli is not None]
+    ep = any(r.a2a_s > 0 for r in reports)  # the EP columns already fill the width: HFU stays in JSON/HTML
+    cols = [c for c in summary_columns(reports) if c.cli is not None and not (ep and c.key == "hfu")]
     for c in cols:
         table.add_column(c.cli, justify="left" if c.key == "schedule" else "right", no_wrap=c.key == "schedule")
     for r in reports:

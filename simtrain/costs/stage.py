@@ -259,4 +259,6 @@ def stage_costs(
         tokens_per_microbatch=tokens,
         expert_static_bytes_per_param=2 * weight_bytes + optimizer_bytes / expert_shard,
         expert_optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / expert_shard / optimizer_rate,
+        tied_embedding_params=model.vocab_size * model.hidden_size / tp
+        if model.tied_embeddings and num_chunks > 1 else 0.0,
     )

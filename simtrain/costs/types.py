@@ -88,6 +88,9 @@ class StageCosts:
         expert_static_bytes_per_param, expert_optimizer_s_per_param: the same for routed-expert
             parameters, whose optimizer states ZeRO-1 shards over the expert-DP group (None: as
             for the other parameters).
+        tied_embedding_params: parameters per GPU of a word-embedding matrix that the first and
+            the last chunk both hold (tied embeddings with more than one chunk), whose gradients
+            the two all-reduce every step; 0 when untied.
     """
 
     chunks: tuple[ChunkCost, ...]
@@ -98,6 +101,7 @@ class StageCosts:
     fixed_op_times: bool = False
     expert_static_bytes_per_param: float | None = None
     expert_optimizer_s_per_param: float | None = None
+    tied_embedding_params: float = 0.0
 
     def _per_param(self, chunks, dense_rate: float, expert_rate: float | None) -> float:
         """Sum over ``chunks`` of dense parameters x ``dense_rate`` + routed-expert parameters x

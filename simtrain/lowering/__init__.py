@@ -14,7 +14,9 @@ compute-only schedule through ``_add_unshard_reshard`` and ``_add_send_recv``):
    p2p send where two stages sit on different ranks; every schedule gets its communication
    without code of its own;
 3. :func:`~simtrain.lowering.comms.add_gradient_reduction`: DP (ZeRO-1: reduce-scatter) gradient
-   buckets overlapping the last backward of each stage;
+   buckets overlapping the last backward of each stage; then
+   :func:`~simtrain.lowering.comms.add_embedding_sync`: the tied word-embedding gradient
+   all-reduce between the first and the last stage's ranks;
 4. :func:`~simtrain.lowering.comms.add_optimizer`: the optimizer step, and ZeRO-1's parameter
    all-gather;
 5. :func:`~simtrain.lowering.comms.add_runtime_overheads`: calibrated per-action and per-message
@@ -32,7 +34,7 @@ from ..engine import TaskGraph
 from ..network import Topology
 from ..schedules.ir import Schedule
 from .chains import emit_chains
-from .comms import (add_gradient_reduction, add_optimizer, add_p2p, add_runtime_overheads, gradient_holders,
+from .comms import (add_embedding_sync, add_gradient_reduction, add_optimizer, add_p2p, add_runtime_overheads, gradient_holders,
                     weight_grad_finishers)
 from .items import Lowering
 
@@ -66,6 +68,7 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
     add_p2p(low)
     if reduce:
         add_gradient_reduction(low)
+        add_embedding_sync(low)
     if low.training:
         add_optimizer(low)
     add_runtime_overheads(low)

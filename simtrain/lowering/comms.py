@@ -110,16 +110,48 @@ def add_gradient_reduction(low: Lowering) -> None:
                     reduce.deps.append(piece.tid)
 
 
+def _last_compute(low: Lowering) -> dict[int, int]:
+    """Rank -> the id of its last compute-stream task so far (one pass over the graph)."""
+    last: dict[int, int] = {}
+    for t in low.graph.tasks:
+        if t.stream == "compute":
+            last[t.rank] = t.tid
+    return last
+
+
+def add_embedding_sync(low: Lowering) -> None:
+    """Pass 3b: the tied word-embedding gradient all-reduce between the rank holding the first
+    chunk (input embedding) and the rank holding the last (LM head), after each rank's last
+    compute and before its optimizer step (Megatron-LM: ``_allreduce_embedding_grads`` over the
+    embedding group of the first and last pipeline stage, Shoeybi et al. 2019 / Narayanan et al.
+    2021 §2). A ring all-reduce of two GPUs sends and receives the whole buffer once, so each
+    rank's task lasts one message of ``tied_embedding_params x grad bytes`` on the route between
+    them (:meth:`simtrain.network.Topology.p2p`). Skipped with ``--op-times`` (no per-step costs)."""
+    costs, schedule, topology = low.costs, low.schedule, low.topology
+    if costs.tied_embedding_params <= 0 or costs.fixed_op_times:
+        return
+    last_chunk = len(costs.chunks) - 1
+    holders = [next(r for r in range(schedule.num_ranks) if c in low.held[r]) for c in (0, last_chunk)]
+    if holders[0] == holders[1]:
+        return
+    nbytes = costs.tied_embedding_params * costs.grad_bytes_per_param
+    last_compute = _last_compute(low)
+    deps = [last_compute[r] for r in holders if r in last_compute]
+    for rank, peer in (holders, holders[::-1]):
+        collective = Collective("p2p", "pp", nbytes)
+        task = low.graph.add(name="embedding grad all-reduce", rank=rank, peer=peer, category="comm", kind="dp",
+                             stream="dp", duration_s=topology.seconds(collective, rank, peer=peer), deps=list(deps),
+                             resources=topology.route(collective, rank, peer=peer).resources, nbytes=nbytes)
+        low.dp_tasks.setdefault(rank, []).append(task)
+
+
 def add_optimizer(low: Lowering) -> None:
     """Pass 4: each rank's optimizer step (memory-bound Adam) after its last compute and its
     gradient reductions; under ZeRO-1 an all-gather of the updated parameters (dense over DP,
     routed experts over expert-DP)."""
     schedule, costs, topology, parallel = low.schedule, low.costs, low.topology, low.topology.parallel
     dp = parallel.dp if low.comm else 1
-    last_compute: dict[int, int] = {}  # rank -> its last compute-stream task, in one pass
-    for t in low.graph.tasks:
-        if t.stream == "compute":
-            last_compute[t.rank] = t.tid
+    last_compute = _last_compute(low)
     for rank in range(schedule.num_ranks):
         duration = costs.optimizer_s(low.held[rank])
         if duration <= 0:

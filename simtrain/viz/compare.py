@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import GiB, MS, color_of, name_of, schedule_color, sorted_kinds, style_figure
+from .style import MEMORY_COLORS, GiB, MS, color_of, name_of, schedule_color, sorted_kinds, style_figure
 
 if TYPE_CHECKING:
     from ..metrics import Report
@@ -59,10 +59,13 @@ def comparison_figure(reports: list[Report], breakdowns: list[dict[str, float]] 
                              textposition="outside", hovertemplate="%{x}<br>%{y:.2f} ms<extra></extra>"),
                       row=1, col=3)
     peaks = [max(r.peak_memory_bytes) / GiB for r in reports]
-    fig.add_trace(go.Bar(x=names, y=peaks, showlegend=False, text=[f"{p:.1f}" for p in peaks],
-                         textposition="outside",
-                         marker_color=[neutral if r.fits_in_hbm else "#C0392B" for r in reports],
-                         hovertemplate="%{x}<br>peak %{y:.2f} GiB (worst rank)<extra></extra>"), row=1, col=4)
+    if all(r.memory_breakdown_bytes for r in reports):
+        _memory_stack(fig, reports, names, col=4)
+    else:
+        fig.add_trace(go.Bar(x=names, y=peaks, showlegend=False, text=[f"{p:.1f}" for p in peaks],
+                             textposition="outside",
+                             marker_color=[neutral if r.fits_in_hbm else "#C0392B" for r in reports],
+                             hovertemplate="%{x}<br>peak %{y:.2f} GiB (worst rank)<extra></extra>"), row=1, col=4)
     if reports:
         hbm = reports[0].hbm_bytes / GiB
         fig.add_hline(y=hbm, line_dash="dash", line_color="#C0392B", row=1, col=4,
@@ -80,6 +83,23 @@ def comparison_figure(reports: list[Report], breakdowns: list[dict[str, float]] 
     fig.update_layout(barmode="stack", legend=dict(orientation="h", yanchor="bottom", y=1.12, x=0),
                       margin=dict(t=110))
     return fig
+
+
+def _memory_stack(fig: go.Figure, reports: list[Report], names: list[str], col: int) -> None:
+    """The worst rank's memory of each schedule stacked by part (weights, gradients, optimizer
+    states, activations, W-pending, buffers, allocator reserve; :mod:`simtrain.memory`)."""
+    worst = [max(r.memory_breakdown_bytes, key=lambda p: sum(p.values())) for r in reports]
+    for part in worst[0]:
+        y = [w[part] / GiB for w in worst]
+        if not any(y):
+            continue
+        label = part.replace("_", " ")
+        fig.add_trace(go.Bar(x=names, y=y, name=label, legendgroup=f"mem:{part}", marker_color=MEMORY_COLORS[part],
+                             hovertemplate=f"%{{x}}<br>{label}: %{{y:.2f}} GiB (worst rank)<extra></extra>"),
+                      row=1, col=col)
+    totals = [sum(w.values()) / GiB for w in worst]
+    fig.add_trace(go.Scatter(x=names, y=totals, mode="text", showlegend=False, text=[f"{t:.1f}" for t in totals],
+                             textposition="top center", hoverinfo="skip"), row=1, col=col)
 
 
 def sweep_figure(rows: pd.DataFrame, field: str, pp: int | None = None) -> go.Figure:

@@ -48,6 +48,11 @@ KIND_NAMES = {
     "idle": "idle (pipeline bubble)",
 }
 
+MEMORY_COLORS = {"weights": "#1F3A5F", "gradients": "#4F7CAC", "optimizer_states": "#9D755D",
+                 "activations": "#66A182", "w_pending": "#EDAE49", "comm_buffers": "#8D5A97",
+                 "allocator_reserve": "#BBBBBB"}
+"""Colour of each part of the memory breakdown (:data:`simtrain.memory.PARTS`)."""
+
 KIND_ORDER = list(KIND_COLORS)
 """Legend and stacking order of kinds."""
 

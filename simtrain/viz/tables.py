@@ -69,6 +69,7 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
            lambda r: "yes" if r.fits_in_hbm else "[red]NO[/red]"),
     Column("inflight", "peak in-flight", "in-flight", lambda r: str(max(r.peak_inflight_microbatches))),
     Column("mfu", "MFU", "MFU", lambda r: pct(r.mfu)),
+    Column("hfu", "HFU", "HFU", lambda r: pct(r.hfu)),
     Column("tokens", "tokens/s", "tokens/s", lambda r: f"{r.tokens_per_s:,.0f}"),
     Column("a2a", "all-to-all (ms)", "a2a (ms)", lambda r: f"{r.a2a_s * MS:,.2f}", lambda r: f"{r.a2a_s * MS:.2f}",
            ep=True),

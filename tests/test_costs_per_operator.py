@@ -8,8 +8,8 @@ import copy
 import numpy as np
 import pytest
 
-from simtrain.costs_ops import (OP_DATA, _Ctx, chunk_breakdown, kernel_rates, ops_runtime, parse_op_data,
-                                parse_recompute, rates_for)
+from simtrain.costs.kernels import OP_DATA, kernel_rates, parse_op_data, rates_for
+from simtrain.costs.ops import _Ctx, chunk_breakdown, ops_runtime, parse_recompute
 from simtrain.errors import SimtrainError, load_yaml_file
 from simtrain.hardware import TFLOPS, load_profile
 from simtrain.models import load_model
@@ -144,7 +144,7 @@ def test_fp8_gemms_speed_up_linear_layers_only():
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_hfu_counts_recomputation_and_equals_mfu_without_it(recompute):
-    from simtrain.costs_ops import step_hfu
+    from simtrain.costs.ops import step_hfu
 
     m, p, h, _ = _ctx(recompute=recompute)
     rt = ops_runtime(m, p, h)

@@ -1,7 +1,7 @@
 """Cost of the per-operator model: one step simulated with the shipped cost model and with
-:func:`simtrain.costs_ops.ops_runtime`, timed in the same run (ratio ops / shipped).
+:func:`simtrain.costs.ops.ops_runtime`, timed in the same run (ratio ops / shipped).
 
-Run: ``.venv/bin/python benchmarks/bench_costs_ops.py [--repeat 3]``. Not part of the test suite.
+Run: ``.venv/bin/python benchmarks/bench_costs_per_operator.py [--repeat 3]``. Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import statistics
 import time
 
-from simtrain.costs_ops import ops_runtime
+from simtrain.costs.ops import ops_runtime
 from simtrain.hardware import load_profile
 from simtrain.models import load_model
 from simtrain.parallel import ParallelConfig

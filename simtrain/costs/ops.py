@@ -35,20 +35,15 @@ The model enters :func:`simtrain.scenario.run_schedule` as its ``runtime`` hook
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
-from pathlib import Path
 
-import numpy as np
+from ..errors import SimtrainError
+from ..hardware import HardwareProfile
+from ..models import ModelSpec
+from ..parallel import ParallelConfig
+from .kernels import KernelRates, rates_for
+from .layers import linear_layers
+from .types import StageCosts
 
-from .costs import StageCosts
-from .costs.layers import linear_layers
-from .errors import SimtrainError, load_yaml_file
-from .hardware import TFLOPS, HardwareProfile
-from .models import ModelSpec
-from .parallel import ParallelConfig
-
-OP_DATA = Path(__file__).resolve().parent / "op_data.yaml"
 ATTENTION_CORE = ("attention", "attn_scores", "attn_context", "softmax", "attn_dropout")
 """Operators that selective recomputation reruns (Korthikanti et al. 2022 §5)."""
 LAYER_OPS = ("qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out", "router", "ffn_up", "ffn_down",
@@ -81,153 +76,6 @@ class OpCost:
         """This operator ``n`` times (n layers of one shape)."""
         return OpCost(self.name, *(tuple(v * n for v in t) for t in (self.flops, self.bytes, self.seconds)),
                       self.bound)
-
-
-# ----------------------------------------------------------------------------- kernel tables
-@dataclasses.dataclass(frozen=True)
-class KernelRates:
-    """Measured rates of one GPU kind, in SI units (FLOP/s, bytes/s).
-
-    Attributes:
-        kind: GPU kind (``sm_90``, ``sm_80``, ...).
-        dims: GEMM table sizes (ascending).
-        batches: GEMM table batch counts (ascending).
-        gemm: per dtype, the (batch, m, n, k) table of achieved FLOP/s.
-        attention: (seq_len, causal forward FLOP/s) points, ascending; empty when unmeasured.
-        backward_ratio: attention backward efficiency / forward efficiency.
-        hbm_efficiency: achieved / datasheet HBM bandwidth of memory-bound kernels.
-    """
-
-    kind: str
-    dims: tuple[int, ...]
-    batches: tuple[int, ...]
-    gemm: dict[str, np.ndarray]
-    attention: tuple[tuple[int, float], ...]
-    backward_ratio: float
-    hbm_efficiency: float
-
-    def gemm_flops_per_s(self, m: float, n: float, k: float, dtype: str, batch: float = 1) -> float:
-        """Achieved FLOP/s of ``batch`` (m, n, k) GEMMs in one call in ``dtype``: multilinear in
-        log2 of (batch, m, n, k), clamped to the table, with the tile-quantization factor below
-        ``dims[0]`` (module docstring)."""
-        table = self.gemm.get(dtype)
-        if table is None:
-            raise SimtrainError(f"op_data.yaml: GPU kind {self.kind} has no GEMM table for dtype {dtype}; "
-                                f"it has {sorted(self.gemm)}")
-        scale = math.prod(d / self.dims[0] for d in (m, n, k) if d < self.dims[0])
-        axes = [(self.batches, batch), (self.dims, m), (self.dims, n), (self.dims, k)]
-        idx, weights = [], []
-        for grid, value in axes:
-            logs = np.log2(grid)
-            x = float(np.clip(math.log2(max(value, 1.0)), logs[0], logs[-1]))
-            i = min(int(np.searchsorted(logs, x, side="right")) - 1, len(logs) - 2)
-            idx.append(i)
-            weights.append((x - logs[i]) / (logs[i + 1] - logs[i]))
-        rate = 0.0
-        for corner in range(16):
-            bits = [(corner >> a) & 1 for a in range(4)]
-            w = math.prod(weights[a] if bits[a] else 1 - weights[a] for a in range(4))
-            if w:
-                rate += w * table[tuple(i + bit for i, bit in zip(idx, bits))]
-        return rate * scale
-
-    def attention_flops_per_s(self, seq_len: int) -> float:
-        """Causal FlashAttention forward FLOP/s (causal count) at ``seq_len``, log-interpolated."""
-        xs = [math.log2(s) for s, _ in self.attention]
-        return float(np.interp(math.log2(seq_len), xs, [r for _, r in self.attention]))
-
-
-def _check_table(kind: str, dtype: str, table: np.ndarray, shape: tuple[int, ...]) -> None:
-    if table.shape != shape:
-        raise SimtrainError(f"op_data.yaml: kinds.{kind}.gemm.tflops.{dtype}: expected a table of shape {shape} "
-                            f"(batches x dims x dims x dims), got {table.shape}")
-    if not np.all(np.isfinite(table)) or np.any(table <= 0):
-        raise SimtrainError(f"op_data.yaml: kinds.{kind}.gemm.tflops.{dtype}: every entry must be a positive "
-                            f"TFLOP/s, got {float(table.min())}")
-    for axis in range(4):
-        if np.any(np.diff(table, axis=axis) < 0):
-            raise SimtrainError(f"op_data.yaml: kinds.{kind}.gemm.tflops.{dtype}: rates must not fall as a "
-                                f"dimension grows (axis {'bmnk'[axis]} is non-monotone)")
-
-
-def parse_op_data(data: dict, source: str = "op_data.yaml") -> dict[str, dict]:
-    """Validate the parsed ``op_data.yaml`` and return its kinds and profile map.
-
-    Raises:
-        SimtrainError: a missing section, a table of the wrong shape, a non-positive or
-            non-monotone entry, a borrow of an unknown kind or a dtype without a rate.
-    """
-    try:
-        dims, batches, kinds = data["dims"], data["batches"], data["kinds"]
-        data["profiles"]
-    except (KeyError, TypeError):
-        raise SimtrainError(f"{source}: needs the sections 'dims', 'batches', 'kinds' and 'profiles'") from None
-    for name, grid in (("dims", dims), ("batches", batches)):
-        if len(grid) < 2 or sorted(set(grid)) != list(grid) or any(d <= 0 for d in grid):
-            raise SimtrainError(f"{source}: field '{name}' = {grid}: must be two or more positive, ascending sizes")
-    for kind, spec in kinds.items():
-        gemm = spec.get("gemm", {})
-        if "borrow" in gemm and gemm["borrow"] not in kinds:
-            raise SimtrainError(f"{source}: kinds.{kind}.gemm.borrow = {gemm['borrow']!r}: not a kind")
-        for dtype, table in gemm.get("tflops", {}).items():
-            _check_table(kind, dtype, np.asarray(table, dtype=float), (len(batches),) + (len(dims),) * 3)
-        for dtype, rate in gemm.get("mamf_tflops", {}).items():
-            if not (isinstance(rate, (int, float)) and rate > 0):
-                raise SimtrainError(f"{source}: kinds.{kind}.gemm.mamf_tflops.{dtype} = {rate!r}: must be > 0")
-        points = spec.get("attention", {}).get("points", [])
-        if any(p["forward_tflops"] <= 0 or p["seq_len"] <= 0 for p in points):
-            raise SimtrainError(f"{source}: kinds.{kind}.attention.points: seq_len and forward_tflops must be > 0")
-    return data
-
-
-@functools.lru_cache(maxsize=None)
-def _op_data(path: Path) -> dict:
-    """``op_data.yaml``, read and validated once per process."""
-    return parse_op_data(load_yaml_file(path), str(path))
-
-
-@functools.lru_cache(maxsize=None)
-def kernel_rates(kind: str, path: Path = OP_DATA) -> KernelRates:
-    """The rates of GPU ``kind`` from ``op_data.yaml`` (cached).
-
-    Raises:
-        SimtrainError: as :func:`parse_op_data`, or ``kind`` is not in the file.
-    """
-    data = _op_data(path)
-    if kind not in data["kinds"]:
-        raise SimtrainError(f"{path}: no kernel tables for GPU kind {kind!r}; kinds: {sorted(data['kinds'])}")
-    spec = data["kinds"][kind]
-    gemm = spec["gemm"]
-    if "borrow" in gemm:
-        base = kernel_rates(gemm["borrow"], path)
-        tables = {}
-        for d, r in gemm["mamf_tflops"].items():
-            src = base.gemm.get(d, base.gemm.get("bf16"))
-            tables[d] = src / src[0].max() * r * TFLOPS  # MAMF is a single (b = 1) GEMM
-    else:
-        tables = {d: np.asarray(t, dtype=float) * TFLOPS for d, t in gemm["tflops"].items()}
-    if "bf16" in tables:
-        tables.setdefault("fp16", tables["bf16"])
-    att = spec.get("attention", {})
-    causal = data.get("causal_ratio", 1.0)
-    points = tuple(sorted((p["seq_len"], p["forward_tflops"] * TFLOPS * (1.0 if p["causal"] else causal))
-                          for p in att.get("points", [])))
-    return KernelRates(kind, tuple(data["dims"]), tuple(data["batches"]), tables, points, att.get("backward_ratio", 1.0),
-                       spec.get("hbm_efficiency", 1.0))
-
-
-def rates_for(hardware: HardwareProfile) -> KernelRates:
-    """The kernel rates of ``hardware``'s GPU kind.
-
-    Raises:
-        SimtrainError: the profile's GPU kind has no tables (its name is not in ``profiles:``).
-    """
-    data = _op_data(OP_DATA)
-    kind = data["profiles"].get(hardware.name)
-    if kind is None:
-        raise SimtrainError(f"hardware {hardware.name!r}: the per-operator cost model has kernel tables for "
-                            f"{sorted(data['profiles'])} only")
-    return kernel_rates(kind)
 
 
 # ----------------------------------------------------------------------------- operators

@@ -1,0 +1,165 @@
+"""Which compute cost model a command uses, and what the per-operator model reports about a run.
+
+Two models price a chunk's F, I and W seconds:
+
+* ``flat``: :mod:`simtrain.costs` (every GEMM at the profile's flat efficiency, memory-bound
+  kernels free unless calibrated);
+* ``ops``: :mod:`simtrain.costs.ops` (a roofline per named operator from cited kernel tables),
+  plugged in as :func:`simtrain.scenario.run_schedule`'s ``runtime`` hook.
+
+``auto`` (the commands' default) takes ``ops`` for a shipped profile with kernel tables
+(:func:`simtrain.costs.kernels.has_kernel_tables`) and ``flat`` otherwise, so that a calibrated
+profile keeps its own measurements.
+
+:class:`CostChoice` holds the choice and the settings only ``ops`` understands (recomputation by
+operator, FP8 GEMMs, attention kernel); :func:`stage_breakdown` lists one stage's operators (the
+``--breakdown`` table and JSON key) and :func:`hfu` gives the hardware FLOPs utilisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from .costs import ops as costs_ops
+from .costs import StageCosts
+from .costs.kernels import has_kernel_tables
+from .errors import SimtrainError
+from .hardware import HardwareProfile
+from .models import ModelSpec
+from .parallel import ParallelConfig
+from .scenario import ScheduleRun
+
+COST_MODELS = ("auto", "flat", "ops")
+RECOMPUTE_LEVELS = ("none", "selective", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class CostChoice:
+    """The compute cost model of a command.
+
+    Attributes:
+        model: ``flat`` or ``ops``.
+        recompute: a ``--recompute MODULE,...`` list (ops only); None: ``parallel.recompute``.
+        fp8: ``gemms`` (ops only): FP8 linear-layer GEMMs, attention in the compute dtype.
+        attention: ``flash`` (fused kernel) or ``unfused`` (materialised scores), ops only.
+    """
+
+    model: str = "flat"
+    recompute: str | None = None
+    fp8: str | None = None
+    attention: str = "flash"
+
+    def runtime(self, model: ModelSpec, parallel: ParallelConfig,
+                hardware: HardwareProfile) -> Callable[[StageCosts], StageCosts] | None:
+        """The ``runtime`` hook of :func:`simtrain.scenario.run_schedule` (None for ``flat``).
+
+        Raises:
+            SimtrainError: as :func:`simtrain.costs.ops.ops_runtime` (e.g. no kernel tables).
+        """
+        if self.model == "flat":
+            return None
+        return costs_ops.ops_runtime(model, parallel, hardware, self.attention, self.recompute, self.fp8)
+
+
+def recompute_modules(recompute: str | None) -> str | None:
+    """The ``--recompute`` value if it is a module list (validated), None for a level
+    (none/selective/full, left to :class:`simtrain.parallel.ParallelConfig`) or no flag.
+
+    Raises:
+        SimtrainError: an unknown module name (one line listing the allowed ones).
+    """
+    if recompute is None or recompute in RECOMPUTE_LEVELS:
+        return None
+    costs_ops.parse_recompute(recompute)
+    return recompute
+
+
+def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, attention: str,
+                      hardware: HardwareProfile, model: ModelSpec | None = None) -> CostChoice:
+    """Validate ``--cost-model``, ``--fp8`` and ``--attention`` and resolve ``auto`` for ``hardware``.
+
+    Args:
+        cost_model: ``auto``, ``flat`` or ``ops``.
+        modules: a ``--recompute`` module list from :func:`recompute_modules`, or None.
+        fp8: None or ``gemms``.
+        attention: ``flash`` or ``unfused``.
+        hardware: the profile (``auto`` takes ``ops`` when it has kernel tables).
+        model: the model; an MoE model keeps the flat model (the per-operator terms do not cover
+            routed experts), so ``auto`` gives ``flat`` and ``ops`` is refused.
+
+    Returns:
+        The :class:`CostChoice`, its ``model`` ``flat`` or ``ops``.
+
+    Raises:
+        SimtrainError: an unknown value, or a per-operator setting that resolves to the flat
+            model (one line naming the flag).
+    """
+    if cost_model not in COST_MODELS:
+        raise SimtrainError(f"--cost-model = {cost_model!r}: choose auto, flat or ops")
+    if attention not in ("flash", "unfused"):
+        raise SimtrainError(f"--attention = {attention!r}: choose flash or unfused")
+    if fp8 is not None and fp8 != "gemms":
+        raise SimtrainError(f"--fp8 = {fp8!r}: the only choice is gemms (FP8 GEMMs, attention in the compute dtype)")
+    moe = model is not None and model.moe is not None
+    if cost_model == "ops" and moe:
+        raise SimtrainError(f"--cost-model = 'ops': {model.name} is an MoE model, which the per-operator model "
+                            "does not cover yet; use auto or flat")
+    chosen = cost_model if cost_model != "auto" else ("ops" if has_kernel_tables(hardware) and not moe else "flat")
+    for flag, given in (("--recompute MODULE,...", modules), ("--fp8", fp8)):
+        if given is not None and chosen == "flat":
+            raise SimtrainError(f"{flag} = {given!r}: needs the per-operator cost model (--cost-model ops), "
+                                f"which {model.name if moe else hardware.name} does not use")
+    return CostChoice(chosen, modules, fp8, attention)
+
+
+def stage_breakdown(run: ScheduleRun, runtime, stage: int) -> dict:
+    """Where one stage's time goes, per operator, for one microbatch (and per step).
+
+    Args:
+        run: a run simulated with ``runtime``.
+        runtime: the :func:`simtrain.costs.ops.ops_runtime` hook it ran with.
+        stage: the model chunk (pipeline stage) index.
+
+    Returns:
+        ``{"stage", "layers", "operators": [{"name", "bound", "flops", "bytes", "seconds"}],
+        "total_s", "per_step": {"optimizer_s"}}``: ``flops``, ``bytes`` and ``seconds`` are
+        [F, I, W] lists; ``total_s`` is their column sum, which equals the chunk's
+        ``forward_s``, ``backward_input_s`` and ``backward_weight_s``. ``optimizer_s`` is the
+        per-step optimizer time of the chunk's parameters (Adam plus gradient norm and clipping).
+
+    Raises:
+        SimtrainError: ``stage`` is out of range, or the costs were fixed by ``--op-times``.
+    """
+    costs = run.costs
+    if not 0 <= stage < len(costs.chunks):
+        raise SimtrainError(f"--breakdown = {stage}: choose a stage from 0 to {len(costs.chunks) - 1}")
+    if costs.fixed_op_times:
+        raise SimtrainError("--breakdown: the durations are fixed by --op-times; there are no operators to show")
+    c = costs.chunks[stage]
+    ops = costs_ops.chunk_breakdown(runtime.ctx, c.layers, c.has_embedding, c.has_head, c.params, {})
+    rows = [dict(name=o.name, bound=o.bound, flops=list(o.flops), bytes=list(o.bytes), seconds=list(o.seconds))
+            for o in ops]
+    total = [sum(o.seconds[p] for o in ops) for p in range(3)]
+    return dict(stage=stage, layers=list(c.layers), operators=rows, total_s=total,
+                per_step=dict(optimizer_s=costs.optimizer_s([stage])))
+
+
+def hfu(run: ScheduleRun, model: ModelSpec, parallel: ParallelConfig, hardware: HardwareProfile,
+        choice: CostChoice) -> float | None:
+    """Hardware FLOPs utilisation (recomputation counted; Korthikanti et al. 2022 §6) of a run.
+
+    The FLOPs recomputation reruns come from the per-operator FLOP counts whichever model priced
+    the time, so HFU is also given for ``flat``.
+
+    Returns:
+        HFU in [0, 1]; None when MFU is None (``--op-times``) or the GPU kind has no kernel
+        tables (the recomputed FLOPs are then not counted by operator).
+    """
+    if run.report.mfu is None or parallel.forward_only:
+        return run.report.mfu
+    try:
+        ops = dataclasses.replace(choice, model="ops").runtime(model, parallel, hardware)
+    except SimtrainError:
+        return None
+    return costs_ops.step_hfu(run, ops)

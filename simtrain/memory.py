@@ -1,0 +1,81 @@
+"""Per-rank memory breakdown at each rank's peak: what the simulated peak HBM is made of.
+
+The memory timeline (:mod:`simtrain.engine`) holds each rank's static bytes (parameters,
+gradients, optimizer states) plus what its actions allocate: F stores the chunk's activations,
+I frees them but for what W still needs (the W-pending buffers), W frees the rest
+(:func:`simtrain.lowering.chains.memory`). :func:`memory_breakdown` splits the peak of every rank
+into those parts:
+
+* ``weights``, ``gradients``: one copy per held parameter in the weight dtype (16-bit in mixed
+  precision, else 4 bytes; :func:`simtrain.costs.stage_costs`);
+* ``optimizer_states``: the rest of the static bytes, i.e. Adam's fp32 moments (and the fp32
+  master weights in mixed precision), divided by DP under ZeRO-1 (Rajbhandari et al. 2020 §5.1);
+* ``w_pending``: at the peak instant, the inputs and output gradients held for W by every
+  (stage, microbatch) whose I has ended and whose W has not (Qi et al. 2023, zero bubble);
+* ``activations``: the rest of the peak above the static bytes;
+* ``comm_buffers`` and ``allocator_reserve``: 0. NCCL's internal buffers (``NCCL_BUFFSIZE``,
+  4 MiB per channel and peer by default, NCCL environment-variable docs) depend on the channel
+  count NCCL picks at run time, and the caching allocator's reserved-but-unallocated bytes were
+  measured from about 2 % (vllm-project/compressed-tensors#587: 1.83 of 78.09 GiB) to 21 %
+  (meta-pytorch/torchrec#4584: 93 GiB reserved for 77 GiB allocated) of the peak: no single
+  measurement gives a default, so none is added (see :data:`ALLOCATOR_RESERVE_FRACTION`).
+
+The parts add up to the rank's peak of the timeline; ``fits_in_hbm`` compares their sum with HBM.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .costs import StageCosts
+from .schedules import Schedule
+from .trace import Trace
+
+PARTS = ("weights", "gradients", "optimizer_states", "activations", "w_pending", "comm_buffers",
+         "allocator_reserve")
+"""Keys of one rank's breakdown, in stacking order."""
+
+ALLOCATOR_RESERVE_FRACTION = 0.0
+"""Allocator headroom as a fraction of the allocated peak: 0, for want of one measurement that
+applies (the module docstring gives the measured range)."""
+
+
+def _w_pending_at(ends: pd.DataFrame | None, t: float, costs: StageCosts, schedule: Schedule) -> float:
+    """Bytes held for W at time ``t`` on a rank whose (stage, microbatch) I and W end times are
+    ``ends`` (columns ``I``, ``W``): I ended at or before ``t``, W not yet ended."""
+    if ends is None or "I" not in ends:
+        return 0.0
+    w_end = ends["W"].fillna(float("inf")) if "W" in ends else pd.Series(float("inf"), index=ends.index)
+    held = ends[(ends["I"] <= t) & ~(w_end <= t)]
+    return float(sum(costs.chunks[schedule.chunk_of(int(stage))].weight_grad_bytes for stage, _ in held.index))
+
+
+def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> list[dict[str, float]]:
+    """Split every rank's peak memory into :data:`PARTS` (bytes).
+
+    Args:
+        result: the simulated step (its tasks and memory tables).
+        costs: the costs it was simulated with.
+        schedule: the schedule it ran (which chunks each rank holds).
+
+    Returns:
+        One dict per pipeline rank, keys :data:`PARTS`, values in bytes; the values of a rank sum
+        to its peak of the memory timeline plus the allocator reserve.
+    """
+    mem, tasks = result.memory, result.trace
+    split = tasks[tasks["kind"].isin(("I", "W")) & tasks["stage"].notna()]
+    ends = {rank: g.groupby(["stage", "microbatch", "kind"])["end_s"].max().unstack("kind")
+            for rank, g in split.groupby("rank")}
+    peaks = mem.loc[mem.groupby("rank")["bytes"].idxmax()].set_index("rank")
+    rows = []
+    for rank in range(schedule.num_ranks):
+        held = sorted({schedule.chunk_of(s) for s in schedule.stages_of(rank)})
+        static = costs.static_bytes(held)
+        copy = sum(costs.chunks[c].params for c in held) * costs.grad_bytes_per_param
+        peak, t = float(peaks.at[rank, "bytes"]), float(peaks.at[rank, "time_s"])
+        dynamic = max(peak - static, 0.0)
+        pending = min(_w_pending_at(ends.get(rank), t, costs, schedule), dynamic)
+        rows.append(dict(weights=copy, gradients=copy, optimizer_states=static - 2 * copy,
+                         activations=dynamic - pending, w_pending=pending, comm_buffers=0.0,
+                         allocator_reserve=ALLOCATOR_RESERVE_FRACTION * peak))
+    return rows

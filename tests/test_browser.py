@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from simtrain.cli import app
 from simtrain.trace import lanes
+from simtrain.viz.timeline import pair_spans
 from simtrain.hardware import load_profile
 from simtrain.models import load_model
 from simtrain.parallel import ParallelConfig
@@ -100,7 +101,8 @@ def test_every_dashboard_opens_offline_without_errors(browser, rendered, name):
 
 def test_default_dashboard_draws_the_expected_traces(browser, rendered, tmp_path):
     """Count traces from the simulation itself: the comparison bars stack one trace per kind of time,
-    a timeline has one trace per (kind, compute/comm), the memory plot one line per rank."""
+    a timeline has one trace per (kind, compute/comm) and one for the outlines of overlapped F&B
+    pairs when it has any, the memory plot one line per rank."""
     scenario = load_scenario(SCENARIO_DIR / "default.yaml")
     model, hw = load_model(scenario.model), load_profile(scenario.hardware)
     parallel = ParallelConfig.model_validate(scenario.parallel.model_dump())
@@ -112,7 +114,8 @@ def test_default_dashboard_draws_the_expected_traces(browser, rendered, tmp_path
     for i, run in enumerate(runs):
         trace = run.result.trace
         timeline, memory, links = (f"fig-{1 + 3 * i + k}" for k in range(3))
-        assert drawn[timeline] == len(trace.groupby(["kind", "category"]))
+        outlines = 0 if pair_spans(trace).empty else 1  # overlapped F&B pairs: one outlined trace
+        assert drawn[timeline] == len(trace.groupby(["kind", "category"])) + outlines
         assert drawn[memory] == parallel.pp
         assert drawn[links] == trace.loc[trace["resources"] != "", "kind"].nunique()
         assert set(lanes(trace)) >= {"compute", "p2p", "tp", "dp"}

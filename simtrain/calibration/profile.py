@@ -174,9 +174,11 @@ def _fit_links(data: dict, meas: dict, base_name: str, record: dict) -> None:
             fit = links[cls]
             section.update(latency_us=sig(fit.latency_s * 1e6), bandwidth_gb_per_s=sig(fit.bandwidth_bytes_per_s / GB))
             section.pop("peer_bandwidth_gb_per_s", None)
+            section.pop("efficiency", None)  # the measured bandwidth is the achieved one
             section.setdefault("name", "loopback (gloo)" if device == "cpu" else cls)
             record.setdefault("links", {})[cls] = {**fit.to_record(), "measured": True}
         elif section:  # keep the base's link, folding its efficiency into the bandwidth
+            section.pop("efficiency", None)  # the folded bandwidth is the achieved one (efficiency.link = 1)
             section["bandwidth_gb_per_s"] = sig(section["bandwidth_gb_per_s"] * old_eff)
             if section.get("peer_bandwidth_gb_per_s"):
                 section["peer_bandwidth_gb_per_s"] = sig(section["peer_bandwidth_gb_per_s"] * old_eff)

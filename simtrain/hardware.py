@@ -73,6 +73,14 @@ class IntraNodeLinkFile(_Strict):
         default=None, description="per direction to ONE peer GPU; defaults to bandwidth"
     )
     latency_us: Latency
+    efficiency: float | None = Field(
+        default=None, gt=0, le=1, description="achieved / nominal bandwidth of this link class in NCCL "
+        "collectives (simtrain.collectives); default efficiency.link",
+    )
+    nvls_efficiency: float | None = Field(
+        default=None, gt=0, le=1, description="NVLink SHARP (in-switch reduction) available, at this fraction "
+        "of the achieved NVLink bandwidth; absent = no NVLS (NCCL needs NVSwitch and sm90+)",
+    )
 
 
 class InterNodeLinkFile(_Strict):
@@ -88,6 +96,11 @@ class InterNodeLinkFile(_Strict):
     bandwidth_gb_per_s: Bandwidth = Field(description="per NIC, per direction")
     nics_per_node: int = Field(ge=1, le=1024)
     latency_us: Latency
+    efficiency: float | None = Field(
+        default=None, gt=0, le=1, description="achieved / nominal NIC bandwidth in NCCL collectives and "
+        "DeepEP RDMA (simtrain.collectives, simtrain.deepep); default efficiency.link",
+    )
+    nodes: int | None = Field(default=None, ge=1, description="nodes in the cluster; bounds group sizes (optional)")
 
 
 class EfficiencyFile(_Strict):
@@ -263,6 +276,12 @@ class Link:
         peer_bandwidth_bytes_per_s: bandwidth to a single peer GPU, per direction (equals
             ``bandwidth_bytes_per_s`` behind a switch; lower for point-to-point meshes).
         nics_per_node: NICs in one node (inter-node links only; 0 for intra-node links).
+        achieved_efficiency: achieved / nominal bandwidth of this link class in collectives, used
+            by :mod:`simtrain.collectives` and :mod:`simtrain.deepep` (``intra_node.efficiency`` /
+            ``inter_node.efficiency``; defaults to ``efficiency``).
+        nvls_efficiency: NVLink SHARP efficiency relative to the achieved NVLink bandwidth, or
+            None where the fabric has no NVLS (intra-node links only).
+        nodes: nodes in the cluster, or None when the profile does not bound it (inter-node only).
     """
 
     name: str
@@ -271,6 +290,19 @@ class Link:
     efficiency: float
     peer_bandwidth_bytes_per_s: float
     nics_per_node: int = 0
+    achieved_efficiency: float | None = None
+    nvls_efficiency: float | None = None
+    nodes: int | None = None
+
+    @property
+    def collective_efficiency(self) -> float:
+        """The link class's achieved efficiency in collectives (``achieved_efficiency``, else ``efficiency``)."""
+        return self.efficiency if self.achieved_efficiency is None else self.achieved_efficiency
+
+    @property
+    def achieved_bandwidth_bytes_per_s(self) -> float:
+        """Nominal per-direction bandwidth x :attr:`collective_efficiency` (bytes/s)."""
+        return self.bandwidth_bytes_per_s * self.collective_efficiency
 
     def transfer_s(self, nbytes: float, bandwidth_bytes_per_s: float | None = None) -> float:
         """Alpha-beta time of one message: ``latency + bytes / (bandwidth * efficiency)``.
@@ -430,6 +462,8 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
             latency_s=intra.latency_us * US,
             efficiency=eff.link,
             peer_bandwidth_bytes_per_s=peer * GB,
+            achieved_efficiency=intra.efficiency,
+            nvls_efficiency=intra.nvls_efficiency,
         ),
         inter_node=Link(
             name=pf.inter_node.name,
@@ -438,6 +472,8 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
             efficiency=eff.link,
             peer_bandwidth_bytes_per_s=pf.inter_node.bandwidth_gb_per_s * GB,
             nics_per_node=pf.inter_node.nics_per_node,
+            achieved_efficiency=pf.inter_node.efficiency,
+            nodes=pf.inter_node.nodes,
         ),
         matmul_efficiency=eff.matmul,
         overlap_compute_factor=pf.overlap.compute_factor,

@@ -5,10 +5,15 @@ rank 0): the other TP and DP ranks do the same work at the same times. Each repr
 the link ports of its GPU; these are the engine's shared resources (see :mod:`simtrain.engine`),
 named ``"<link>:<rank>:out"`` and ``"<link>:<rank>:in"`` with link ``nvlink`` or ``nic``.
 
-Collective times use the ring algorithm's alpha-beta cost (Thakur, Rabenseifner & Gropp 2005,
-"Optimization of Collective Communication Operations in MPICH", §2): for n ranks and a message
-of M bytes, reduce-scatter and all-gather take ``(n-1) * alpha + (n-1)/n * M / bw`` and an
-all-reduce (reduce-scatter + all-gather) twice that.
+Collective times come from :mod:`simtrain.collectives` (NCCL's own tuning model: ring, tree and
+NVLS, the cheapest for the size; multi-node rings over all the NICs of a node) on the group's
+placement (:meth:`Topology.placement`). A p2p message is alpha-beta at its link class's achieved
+bandwidth. An EP all-to-all runs its NVLink and NIC parts at once at their achieved rates; when
+the EP group spans nodes the NVLink part is DeepEP's forwarding leg, capped at
+:data:`simtrain.deepep.FORWARD_CEILING_BYTES_PER_S`. Every duration holds the route's ports, so
+collectives still contend on them. The textbook ring (Thakur, Rabenseifner & Gropp 2005,
+"Optimization of Collective Communication Operations in MPICH", §2) below is kept for the
+calibration records that compare measurements with it.
 
 Communication is data: a :class:`Collective` names the operation, the parallel dimension of its
 group and the bytes; :meth:`Topology.route` says which link it takes and which engine ports it
@@ -21,6 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .collectives import Group as Placement
+from .collectives import estimate_group
+from .deepep import FORWARD_CEILING_BYTES_PER_S
 from .hardware import HardwareProfile, Link
 from .parallel import GroupDim, ParallelConfig
 
@@ -47,8 +55,6 @@ def ring_all_reduce_s(nbytes: float, n: int, link: Link, bandwidth_bytes_per_s: 
     """Seconds for a ring all-reduce of an ``nbytes`` buffer over ``n`` ranks (RS + AG)."""
     return 2 * ring_reduce_scatter_s(nbytes, n, link, bandwidth_bytes_per_s)
 
-
-_RING = {"reduce-scatter": ring_reduce_scatter_s, "all-gather": ring_all_gather_s, "all-reduce": ring_all_reduce_s}
 
 
 @dataclass(frozen=True)
@@ -111,8 +117,11 @@ class Route:
     resources: tuple[str, ...]
 
     def transfer_s(self, nbytes: float) -> float:
-        """Alpha-beta time of one message of ``nbytes`` on this route (0 if empty)."""
-        return self.link.transfer_s(nbytes, self.bandwidth_bytes_per_s)
+        """Alpha-beta time of one message of ``nbytes`` on this route at the link class's achieved
+        bandwidth (``bandwidth x Link.collective_efficiency``); 0 if empty."""
+        if nbytes <= 0:
+            return 0.0
+        return self.link.latency_s + nbytes / (self.bandwidth_bytes_per_s * self.link.collective_efficiency)
 
 
 @dataclass(frozen=True)
@@ -182,31 +191,53 @@ class Topology:
 
     def seconds(self, c: Collective, pp_rank: int = 0, holders: tuple[int, ...] | None = None,
                 peer: int | None = None) -> float:
-        """Seconds of collective ``c`` (``repeat`` times) issued by ``pp_rank``: the ring cost of
-        the module docstring for all-reduce / reduce-scatter / all-gather, alpha-beta for a p2p,
-        the slower link class for an all-to-all (:meth:`all_to_all`). 0 for an empty buffer or a
-        group of one GPU.
+        """Seconds of collective ``c`` (``repeat`` times) issued by ``pp_rank``: NCCL's model
+        (:func:`simtrain.collectives.estimate_group`) for all-reduce / reduce-scatter / all-gather
+        on the group's :meth:`placement`, alpha-beta for a p2p (:meth:`Route.transfer_s`), the
+        slower link class for an all-to-all (:meth:`all_to_all`). 0 for an empty buffer or a group
+        of one GPU.
         """
         if c.op == "all-to-all":
             return max((p.seconds() for p in self.all_to_all(c)), default=0.0)
-        route = self.route(c, pp_rank, holders, peer)
         if c.op == "p2p":
-            return route.transfer_s(c.nbytes)
-        n = self.parallel.group(c.dim, pp_rank, holders).size
-        return c.repeat * _RING[c.op](c.nbytes, n, route.link, route.bandwidth_bytes_per_s)
+            return self.route(c, pp_rank, holders, peer).transfer_s(c.nbytes)
+        return c.repeat * estimate_group(c.op, c.nbytes, self.hardware, self.placement(c.dim, pp_rank, holders)).time_s
+
+    def placement(self, dim: GroupDim, pp_rank: int, holders: tuple[int, ...] | None = None) -> Placement:
+        """Where the group of ``dim`` around ``pp_rank``'s GPU sits (members as in
+        :meth:`ParallelConfig.group`).
+
+        Returns:
+            ``Placement(gpus, per_node, nodes)``: the group's size, the most members it has on one
+            node, and the nodes it spans.
+        """
+        p, per_node = self.parallel, self.hardware.gpus_per_node
+        holders = (pp_rank,) if holders is None else holders
+        if dim in ("tp", "ep"):
+            first = p.gpu_id(pp_rank)
+            ids = [first + i for i in range(p.tp if dim == "tp" else p.ep)]
+        elif dim == "dp":
+            ids = [p.gpu_id(h, d) for h in holders for d in range(p.dp)]
+        else:
+            ids = [p.gpu_id(h) + p.ep * i for h in holders for i in range(p.expert_dp)]
+        nodes = [i // per_node for i in ids]
+        return Placement(len(ids), max(nodes.count(n) for n in set(nodes)), len(set(nodes)))
 
     def all_to_all(self, c: Collective, pp_rank: int = 0) -> tuple[A2APart, ...]:
         """The per-link-class parts of an EP all-to-all (hierarchical: NVLink and NICs at once,
         each at the GPU's full NVLink bandwidth or its share of the node's NICs; see
         :meth:`a2a_routes`). Each part takes ``latency + bytes x imbalance / (bandwidth x
-        efficiency)``; link classes without bytes are left out."""
+        collective efficiency)``, the NVLink part of a group spanning nodes at most DeepEP's
+        forwarding ceiling; link classes without bytes are left out."""
         nvlink, nic = self.a2a_routes(pp_rank)
         routes = {"nvlink": nvlink, "nic": nic}
         parts = []
         for link, nbytes in c.link_bytes:
             route = routes[link]
             if nbytes > 0:
-                bw = route.bandwidth_bytes_per_s * route.link.efficiency
+                bw = route.bandwidth_bytes_per_s * route.link.collective_efficiency
+                if link == "nvlink" and self.placement("ep", pp_rank).nodes > 1:
+                    bw = min(bw, FORWARD_CEILING_BYTES_PER_S)  # DeepEP's internode forwarding leg
                 parts.append(A2APart(link, nbytes, route.link.latency_s, nbytes * c.imbalance / bw))
         return tuple(parts)
 

@@ -176,9 +176,9 @@ def test_base_profile_keeps_unmeasured_fabric(tmp_path):
     hw = load_profile_from(data)
     h100 = load_profile("h100-sxm")
     assert data["name"] == "h100-sxm-calibrated" and hw.hbm_bytes == h100.hbm_bytes
-    # inter-node not measured: the base's bandwidth with its efficiency folded in
-    assert hw.inter_node.bandwidth_bytes_per_s * hw.inter_node.efficiency == pytest.approx(
-        h100.inter_node.bandwidth_bytes_per_s * h100.inter_node.efficiency)
+    # inter-node not measured: the base's bandwidth with its (per-class) efficiency folded in
+    assert hw.inter_node.achieved_bandwidth_bytes_per_s == pytest.approx(h100.inter_node.achieved_bandwidth_bytes_per_s)
+    assert hw.inter_node.collective_efficiency == 1.0 and hw.intra_node.collective_efficiency == 1.0
     assert hw.intra_node.bandwidth_bytes_per_s == pytest.approx(3 * GB, rel=1e-3)
 
 

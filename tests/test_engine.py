@@ -73,7 +73,7 @@ def test_p2p_time_is_alpha_beta_on_the_right_link():
         assert len(p2p) == 2  # activation forward, gradient back
         nbytes = p2p["bytes"].iloc[0]
         assert nbytes == 128 * 256 * 2 / tp  # s * h * 2 bytes, sharded by sequence parallelism
-        expected = link.latency_s + nbytes / (bw * link.efficiency)
+        expected = link.latency_s + nbytes / (bw * link.collective_efficiency)  # achieved per-class rate
         assert (p2p["end_s"] - p2p["start_s"]).iloc[0] == pytest.approx(expected)
         assert Topology(hw, par).p2p(0, 1).link.name == link.name
 

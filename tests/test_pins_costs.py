@@ -10,6 +10,7 @@ import pytest
 from conftest import tiny_model
 from simtrain.calibration.fit import fit_alpha_beta
 from simtrain.costs import stage_costs
+from simtrain.collectives import estimate
 from simtrain.hardware import load_profile
 from simtrain.models import load_model
 from simtrain.parallel import ParallelConfig
@@ -20,14 +21,13 @@ NVLINK = H100.intra_node
 
 
 def _ring_rs(nbytes: float, n: int) -> float:
-    """Ring reduce-scatter / all-gather on the H100 profile's NVLink, written out (Thakur et al.
-    2005 §2): (n-1)·alpha + (n-1)/n · M / (bw · efficiency)."""
-    return (n - 1) * NVLINK.latency_s + (n - 1) / n * nbytes / (NVLINK.bandwidth_bytes_per_s * NVLINK.efficiency)
+    """Reduce-scatter / all-gather over n GPUs of one H100 node, priced by NCCL's model (simtrain.collectives)."""
+    return estimate("reduce-scatter", nbytes, H100, n).time_s
 
 
 def _ring_ar(nbytes: float, n: int) -> float:
-    """Ring all-reduce: 2(n-1)·alpha + 2(n-1)/n · M / (bw · efficiency)."""
-    return 2 * (n - 1) * NVLINK.latency_s + 2 * (n - 1) / n * nbytes / (NVLINK.bandwidth_bytes_per_s * NVLINK.efficiency)
+    """All-reduce over n GPUs of one H100 node, priced by NCCL's model."""
+    return estimate("all-reduce", nbytes, H100, n).time_s
 
 
 def _gpt3_layer(recompute: str, tp: int, sp: bool, s: int = 2048, b: int = 1):

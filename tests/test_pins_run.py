@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 
 from conftest import tiny_model
+from simtrain.collectives import estimate
 from simtrain.hardware import load_profile
 from simtrain.parallel import ParallelConfig
 from simtrain.scenario import run_schedule
@@ -21,8 +22,8 @@ def _run(schedule: str, model=None, op_times=None, **par):
 
 
 def _ring_rs(nbytes: float, n: int) -> float:
-    """Ring reduce-scatter on NVLink, written out: (n-1)·alpha + (n-1)/n · M / (bw · eff)."""
-    return (n - 1) * NVLINK.latency_s + (n - 1) / n * nbytes / (NVLINK.bandwidth_bytes_per_s * NVLINK.efficiency)
+    """Reduce-scatter over n GPUs of one node, priced by NCCL's model (simtrain.collectives)."""
+    return estimate("reduce-scatter", nbytes, H100, n).time_s
 
 
 @pytest.fixture
@@ -51,10 +52,8 @@ def test_dp_bucket_is_a_ring_all_reduce_written_out(dp_run):
         for _, row in t[(t["rank"] == rank) & (t["kind"] == "dp")].iterrows():
             m = params * 2 / 4  # bf16 gradients, one of 4 buckets
             assert row["bytes"] == pytest.approx(m, rel=1e-12)
-            # 2(n-1)·alpha + 2(n-1)/n · M / (bw·eff), n = dp = 2 (GPUs 0 and 2, same node: NVLink)
-            n = 2
-            expected = 2 * (n - 1) * NVLINK.latency_s + 2 * (n - 1) / n * m / (
-                NVLINK.bandwidth_bytes_per_s * NVLINK.efficiency)
+            # NCCL's all-reduce over n = dp = 2 GPUs (GPUs 0 and 2, same node: NVLink)
+            expected = estimate("all-reduce", m, H100, 2).time_s
             assert row["end_s"] - row["start_s"] == pytest.approx(expected, rel=1e-9)
 
 
@@ -65,7 +64,7 @@ def test_zero1_parameter_all_gather_route_and_time_written_out():
     gather = t[(t["rank"] == 1) & (t["name"] == "dp param all-gather")]
     m, n = run.costs.chunks[1].params * 2, 4  # bf16 parameters of the chunk
     assert gather["resources"].tolist() == ["nvlink:1:out,nvlink:1:in"]
-    expected = (n - 1) * NVLINK.latency_s + (n - 1) / n * m / (NVLINK.bandwidth_bytes_per_s * NVLINK.efficiency)
+    expected = estimate("all-gather", m, H100, n).time_s  # NCCL's model over the 4 GPUs of one node
     assert (gather["end_s"] - gather["start_s"]).tolist() == pytest.approx([expected], rel=1e-9)
 
 
@@ -113,7 +112,7 @@ def test_exposed_comm_of_gpipe_pp2_m1_by_hand():
     model = tiny_model(layers=4)
     run = run_schedule("gpipe", model, H100, ParallelConfig(pp=2, microbatches=1), op_times=(1.0, 1.0, 1.0))
     # F = I = W = 1 s (B = 2 s); the 128·256 bf16 activation crosses NVLink each way in T seconds:
-    T = NVLINK.latency_s + 128 * 256 * 2 / (NVLINK.peer_bandwidth_bytes_per_s * NVLINK.efficiency)  # noqa: N806
+    T = NVLINK.latency_s + 128 * 256 * 2 / (NVLINK.peer_bandwidth_bytes_per_s * NVLINK.collective_efficiency)  # noqa: N806
     # rank 0: F [0,1], send; rank 1: F [1+T, 2+T], B [2+T, 4+T], send back; rank 0: B [4+2T, 6+2T]
     r = run.report
     assert r.step_time_s == pytest.approx(6 + 2 * T, rel=1e-12)
@@ -203,4 +202,4 @@ def test_p2p_holds_sender_out_and_receiver_in_at_the_per_peer_bandwidth(profile,
     nbytes = 128 * 256 * 2 / tp  # s·b·h bf16, sharded by sequence parallelism
     assert p2p["resources"].tolist() == [f"{link}:0:out,{link}:1:in", f"{link}:1:out,{link}:0:in"]
     assert (p2p["end_s"] - p2p["start_s"]).tolist() == pytest.approx(
-        [ln.latency_s + nbytes / (bw * ln.efficiency)] * 2, rel=1e-12)
+        [ln.latency_s + nbytes / (bw * ln.collective_efficiency)] * 2, rel=1e-12)

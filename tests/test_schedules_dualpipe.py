@@ -168,7 +168,8 @@ def test_two_copies_reduce_their_gradients_together():
     # DualPipe holds each chunk on ranks k and pp-1-k; their gradients are summed every step, so
     # even with dp = 1 each stage's gradients are all-reduced over the 2 copies (and with dp = 2
     # over 4 GPUs), each bucket starting once both copies have produced it.
-    from simtrain.network import Topology, ring_all_reduce_s
+    from simtrain.collectives import estimate_group
+    from simtrain.network import Topology
 
     hw = load_profile("h100-sxm")
     for dp in (1, 2):
@@ -189,8 +190,10 @@ def test_two_copies_reduce_their_gradients_together():
             twin = 3 - row.rank
             route = topo.gradient_route(row.rank, tuple(sorted((row.rank, twin))))
             assert route.link.name == hw.inter_node.name  # tp 8: every pipeline rank is its own node
-            assert row.end_s - row.start_s == pytest.approx(
-                ring_all_reduce_s(row.bytes, 2 * dp, route.link, route.bandwidth_bytes_per_s))
+            holders = tuple(sorted((row.rank, twin)))
+            group = topo.placement("dp", row.rank, holders)
+            assert (group.gpus, group.per_node, group.nodes) == (2 * dp, 1, 2 * dp)
+            assert row.end_s - row.start_s == pytest.approx(estimate_group("all-reduce", row.bytes, hw, group).time_s)
             # bucket i waits for piece i of both copies' finishing backward
             bucket = int(row.name.rsplit(" ", 1)[1])
             for stage in (row.stage % 4, 4 + row.stage % 4):

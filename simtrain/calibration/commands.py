@@ -22,6 +22,7 @@ from rich.table import Table
 
 from ..atomic import check_writable
 from ..checks import check_finite
+from ..collective_cli import calibrate_nccl_tests
 from ..errors import SimtrainError
 from ..hardware import load_profile
 from . import launch, require_torch
@@ -101,9 +102,17 @@ def calibrate(
     hidden: Annotated[Optional[str], typer.Option(help="hidden sizes of the GEMM grid, e.g. 4096,8192")] = None,
     tokens: Annotated[Optional[str], typer.Option(help="tokens per microbatch of the GEMM grid, e.g. 4096")] = None,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="stop the measurement after this many seconds")] = 900,
+    nccl_tests: Annotated[Optional[Path], typer.Option(
+        "--nccl-tests", help="fit the link model to nccl-tests output files instead of measuring (needs --base)")] = None,
+    more_logs: Annotated[Optional[list[Path]], typer.Argument(help="further nccl-tests files", show_default=False)] = None,
 ) -> None:
-    """Measure this machine with torch and write a NEW calibrated hardware profile."""
+    """Measure this machine with torch, or fit nccl-tests logs, and write a NEW calibrated hardware profile."""
     from .profile import base_profile_data, build_profile, write_profile
+
+    if nccl_tests is not None or more_logs:
+        if nccl_tests is None:
+            raise SimtrainError(f"unexpected argument {str(more_logs[0])!r}: files are read only after --nccl-tests")
+        return calibrate_nccl_tests([nccl_tests, *(more_logs or [])], base, out_path, force)
 
     if out_path.exists() and not force:
         raise SimtrainError(f"--out {out_path}: the file exists; choose a new name or pass --force to overwrite it")

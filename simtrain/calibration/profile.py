@@ -174,12 +174,14 @@ def _fit_links(data: dict, meas: dict, base_name: str, record: dict) -> None:
             fit = links[cls]
             section.update(latency_us=sig(fit.latency_s * 1e6), bandwidth_gb_per_s=sig(fit.bandwidth_bytes_per_s / GB))
             section.pop("peer_bandwidth_gb_per_s", None)
+            section.pop("efficiency", None)  # the measured bandwidth is the achieved one
             section.setdefault("name", "loopback (gloo)" if device == "cpu" else cls)
             record.setdefault("links", {})[cls] = {**fit.to_record(), "measured": True}
-        elif section:  # keep the base's link, folding its efficiency into the bandwidth
-            section["bandwidth_gb_per_s"] = sig(section["bandwidth_gb_per_s"] * old_eff)
+        elif section:  # keep the base's link, folding its (per-class, else link) efficiency into the bandwidth
+            eff = section.pop("efficiency", old_eff)
+            section["bandwidth_gb_per_s"] = sig(section["bandwidth_gb_per_s"] * eff)
             if section.get("peer_bandwidth_gb_per_s"):
-                section["peer_bandwidth_gb_per_s"] = sig(section["peer_bandwidth_gb_per_s"] * old_eff)
+                section["peer_bandwidth_gb_per_s"] = sig(section["peer_bandwidth_gb_per_s"] * eff)
             record.setdefault("links", {})[cls] = dict(measured=False, note=f"not measured: from {base_name}")
         elif cls == "inter_node" and "intra_node" in links:  # one machine: nothing crosses nodes
             fit = links["intra_node"]

@@ -1,5 +1,6 @@
-"""The other commands: ``export-schedule``, ``overlay``, ``profiles``, ``models``, and the
-torch-based ``calibrate`` and ``validate`` (:mod:`simtrain.calibration.commands`)."""
+"""The other commands: ``export-schedule``, ``overlay``, ``profiles``, ``models``, the
+torch-based ``calibrate`` and ``validate`` (:mod:`simtrain.calibration.commands`), and
+``collective`` (:mod:`simtrain.collective_cli`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rich.table import Table
 from ..calibration.commands import calibrate, validate
 from ..atomic import check_writable
 from ..checks import MAX_TASKS, check_export, check_finite
+from ..collective_cli import collective
 from ..errors import SimtrainError
 from ..export import check_output_path, write_output
 from ..hardware import GB, GiB, TFLOPS, load_profile, profile_files
@@ -180,3 +182,4 @@ def schema(
 # torch-based commands (the optional `calibrate` extra; torch is imported only when they run)
 app.command()(user_errors(calibrate))
 app.command()(user_errors(validate))
+app.command()(user_errors(collective))

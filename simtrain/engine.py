@@ -285,8 +285,9 @@ class _Run:
         self.pools = {name: _SharedProcessors(self.clock, count, self._finish) for name, count in graph.pools.items()}
         self.memory = list(graph.static_memory_bytes) or [0.0] * graph.num_ranks
         self.mem_rows: list[tuple[int, float, float]] = [(r, 0.0, self.memory[r]) for r in range(graph.num_ranks)]
-        self.rows: list[tuple] = []
+        self.order: list[int] = []  # tids in the order they ended
         self.start_s = [0.0] * n
+        self.end_s = [0.0] * n
 
     def _apply(self, deltas: list[tuple[int, float]]) -> None:
         memory, now = self.memory, self.clock.now
@@ -344,10 +345,8 @@ class _Run:
             self._apply(task.mem_end)
         if task.resources:
             self.ports.release(task.resources)
-        self.rows.append((
-            task.rank, task.stream or "", task.category, task.kind, task.name, task.stage,
-            task.microbatch, self.start_s[tid], self.clock.now, task.nbytes, task.peer, ",".join(task.resources),
-        ))
+        self.end_s[tid] = self.clock.now
+        self.order.append(tid)
         self.finished[tid] = True
         self.clock.soon(self._ended, tid)
         nxt = self.next_in_stream[tid]
@@ -392,7 +391,22 @@ def simulate(graph: TaskGraph) -> Trace:
 
     if not all(run.finished):
         raise DeadlockError(_describe_deadlock(tasks, run.finished, streams))
-    return Trace.from_rows(run.rows, run.mem_rows, simpy_events=run.clock.events)
+    return Trace.from_columns(_columns(tasks, run), run.mem_rows, simpy_events=run.clock.events)
+
+
+def _columns(tasks: list[Task], run: _Run) -> dict[str, list]:
+    """The trace columns (:data:`simtrain.trace.TRACE_COLUMNS`) of a finished run, rows in the
+    order the tasks ended."""
+    order = run.order
+    tasks = [tasks[i] for i in order]
+    return {
+        "rank": [t.rank for t in tasks], "stream": [t.stream or "" for t in tasks],
+        "category": [t.category for t in tasks], "kind": [t.kind for t in tasks], "name": [t.name for t in tasks],
+        "stage": [t.stage for t in tasks], "microbatch": [t.microbatch for t in tasks],
+        "start_s": [run.start_s[i] for i in order], "end_s": [run.end_s[i] for i in order],
+        "bytes": [t.nbytes for t in tasks], "peer": [t.peer for t in tasks],
+        "resources": [",".join(t.resources) for t in tasks],
+    }
 
 
 def _describe_deadlock(tasks: list[Task], finished: list[bool], streams: dict) -> str:

@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import gc
 import math
+from operator import attrgetter
 from collections import deque
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -47,9 +49,9 @@ import simpy
 from simpy.events import NORMAL
 
 from .errors import SimtrainError
-from .trace import Trace
+from .trace import TRACE_COLUMNS, Trace
 
-@dataclass
+@dataclass(slots=True)
 class Task:
     """One interval of work.
 
@@ -424,19 +426,20 @@ def _simulate(graph: TaskGraph) -> Trace:
     return Trace.from_columns(_columns(tasks, run), run.mem_rows, simpy_events=run.clock.events)
 
 
-def _columns(tasks: list[Task], run: _Run) -> dict[str, list]:
+def _columns(tasks: list[Task], run: _Run) -> dict[str, Sequence]:
     """The trace columns (:data:`simtrain.trace.TRACE_COLUMNS`) of a finished run, rows in the
     order the tasks ended."""
     order = run.order
-    tasks = [tasks[i] for i in order]
-    return {
-        "rank": [t.rank for t in tasks], "stream": [t.stream or "" for t in tasks],
-        "category": [t.category for t in tasks], "kind": [t.kind for t in tasks], "name": [t.name for t in tasks],
-        "stage": [t.stage for t in tasks], "microbatch": [t.microbatch for t in tasks],
-        "start_s": [run.start_s[i] for i in order], "end_s": [run.end_s[i] for i in order],
-        "bytes": [t.nbytes for t in tasks], "peer": [t.peer for t in tasks],
-        "resources": [",".join(t.resources) for t in tasks],
-    }
+    if not order:
+        return {name: () for name in TRACE_COLUMNS}
+    fields = ("rank", "stream", "category", "kind", "name", "stage", "microbatch", "nbytes", "peer", "resources")
+    cols = dict(zip(fields, zip(*map(attrgetter(*fields), [tasks[i] for i in order]))))
+    cols["stream"] = [s or "" for s in cols["stream"]]
+    cols["resources"] = [",".join(r) for r in cols["resources"]]
+    cols["bytes"] = cols.pop("nbytes")
+    start_s, end_s = run.start_s, run.end_s
+    cols["start_s"], cols["end_s"] = [start_s[i] for i in order], [end_s[i] for i in order]
+    return cols
 
 
 def _describe_deadlock(tasks: list[Task], finished: list[bool], streams: dict) -> str:

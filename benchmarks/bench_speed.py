@@ -6,7 +6,9 @@ Run: ``.venv/bin/python benchmarks/bench_speed.py [--repeat 3] [--cases NAME,...
 For each configuration it prints tasks, SimPy events, wall and CPU seconds (whole step, and the
 cost / lower / engine / metrics split), tasks per CPU second through the engine, peak RSS, and
 the CPU time as a ratio to a fixed pure-Python reference workload timed in the same run (these
-machines are shared and noisy: compare ratios, not seconds). Every in-process case runs in its
+machines are shared and noisy: compare ratios, not seconds). It then fits the cost exponent: the
+slope of log CPU seconds (costs, lowering, engine, metrics; no start-up) against log m and log p
+for dense 1F1B (Llama 3 70B, TP8 DP4) at m = 32, 64, 128 (p = 16) and p = 4, 8, 16 (m = 128). Every in-process case runs in its
 own child process (clean RSS); the two ``e2e`` cases time a whole ``simtrain compare ... --json``
 from process start to JSON. With torch installed it also times torch's own unit-time
 ``_simulate_comms_compute`` on the same 1F1B orders, as a peer ratio. Each figure is the
@@ -30,8 +32,6 @@ DEEPSEEK = ROOT / "simtrain" / "scenarios" / "deepseek-v3.yaml"
 CASES = {
     # name: (model, hardware, schedule, parallel overrides) -- in-process run_schedule
     "dense-1f1b-p16-m128": ("llama3-405b", "h100-sxm", "1f1b", dict(pp=16, tp=8, dp=8, microbatches=128)),
-    "dense-1f1b-p8-m128": ("llama3-405b", "h100-sxm", "1f1b", dict(pp=8, tp=8, dp=8, microbatches=128)),
-    "dense-1f1b-p16-m64": ("llama3-405b", "h100-sxm", "1f1b", dict(pp=16, tp=8, dp=8, microbatches=64)),
     "llama405b-zbv-p16-m128": ("llama3-405b", "h100-sxm", "zbv", dict(pp=16, tp=8, dp=8, microbatches=128)),
     "llama405b-dualpipev-p16-m128": ("llama3-405b", "h100-sxm", "dualpipev", dict(pp=16, tp=8, dp=8, microbatches=128)),
     "dsv3-dualpipe-m64": ("scenario", "", "dualpipe", dict(microbatches=64)),
@@ -39,6 +39,13 @@ CASES = {
     "dsv3-dualpipe-m128": ("scenario", "", "dualpipe", dict(microbatches=128)),
     "dsv3-dualpipe-waved-m128": ("scenario", "", "dualpipe+waved-ep", dict(microbatches=128)),
 }
+FIT = {
+    # the cost exponent: dense 1F1B (Llama 3 70B, TP8 DP4, it fits from p = 4) over m at p = 16 and over p at m = 128
+    "m": {m: ("llama3-70b", "h100-sxm", "1f1b", dict(pp=16, tp=8, dp=4, microbatches=m)) for m in (32, 64, 128)},
+    "p": {p: ("llama3-70b", "h100-sxm", "1f1b", dict(pp=p, tp=8, dp=4, microbatches=128)) for p in (4, 8, 16)},
+}
+for axis, series in FIT.items():
+    CASES.update({f"fit-70b-1f1b-{axis}{v}": case for v, case in series.items()})
 E2E = {
     "e2e-llama70b-1f1b": ["compare", "--model", "llama3-70b", "--hardware", "h100-sxm", "--tp", "8", "--pp", "8",
                           "--dp", "4", "--microbatches", "32", "--schedules", "1f1b", "--json"],
@@ -145,10 +152,32 @@ def torch_peer() -> dict | None:
             "actions": sum(len(v) for v in comms.values())}
 
 
+def _best(case: str, repeat: int) -> dict:
+    """The run with the least CPU time of ``repeat`` runs of ``case`` (each in-process case in a
+    fresh child process)."""
+    runs = []
+    for _ in range(repeat):
+        if case in E2E:
+            runs.append(run_e2e(case))
+        else:
+            out = subprocess.run([sys.executable, __file__, "--one", case], capture_output=True, text=True,
+                                 cwd=ROOT, check=True)
+            runs.append(json.loads(out.stdout))
+    return min(runs, key=lambda r: r["cpu_s"])
+
+
+def cost_exponent(sizes: list[float], cpu_s: list[float]) -> float:
+    """Least-squares slope of log(CPU seconds) against log(size): cost grows as size**slope."""
+    import numpy as np
+
+    return float(np.polyfit(np.log(sizes), np.log(cpu_s), 1)[0])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cases", default=",".join([*CASES, *E2E]))
+    ap.add_argument("--no-fit", action="store_true", help="skip the cost-exponent fit")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -156,16 +185,9 @@ def main() -> None:
         return
     ref = min(reference_workload() for _ in range(args.repeat))
     print(f"reference workload: {ref:.3f} CPU s (min of {args.repeat}); ratios below are CPU s / reference")
+    measured = {}
     for case in args.cases.split(","):
-        runs = []
-        for _ in range(args.repeat):
-            if case in E2E:
-                runs.append(run_e2e(case))
-            else:
-                out = subprocess.run([sys.executable, __file__, "--one", case], capture_output=True, text=True,
-                                     cwd=ROOT, check=True)
-                runs.append(json.loads(out.stdout))
-        best = min(runs, key=lambda r: r["cpu_s"])
+        measured[case] = best = _best(case, args.repeat)
         extra = ""
         if "tasks" in best:
             split = " ".join(f"{k} {v:.3f}" for k, v in best["split_cpu_s"].items())
@@ -174,6 +196,17 @@ def main() -> None:
                      f"{rate:,.0f} tasks/CPU s  [{split}]  import {best['import_cpu_s']:.2f} s")
         print(f"{case:30s} cpu {best['cpu_s']:7.3f} s (x{best['cpu_s'] / ref:6.2f} ref) wall {best['wall_s']:7.3f} s "
               f"rss {best['peak_rss_mib']:6.0f} MiB  {extra}", flush=True)
+    if not args.no_fit:
+        for axis, series in FIT.items():
+            sizes = list(series)
+            runs = [measured.get(f"fit-70b-1f1b-{axis}{v}") or _best(f"fit-70b-1f1b-{axis}{v}", args.repeat)
+                    for v in sizes]
+            cpu = [r["cpu_s"] for r in runs]
+            tasks = cost_exponent(sizes, [r["tasks"] for r in runs])
+            print(f"cost exponent in {axis} (dense 1F1B, {axis} = {sizes}): {cost_exponent(sizes, cpu):.3f}, "
+                  f"tasks grow with exponent {tasks:.3f}  "
+                  f"(CPU s {', '.join(f'{c:.3f}' for c in cpu)}; tasks {', '.join(str(r['tasks']) for r in runs)})",
+                  flush=True)
     peer = torch_peer()
     if peer:
         print(f"{peer['case']:30s} cpu {peer['cpu_s']:7.3f} s (x{peer['cpu_s'] / ref:6.2f} ref), "

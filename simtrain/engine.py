@@ -39,16 +39,19 @@ from __future__ import annotations
 
 import gc
 import math
+from operator import attrgetter
 from collections import deque
+from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import simpy
 from simpy.events import NORMAL
 
 from .errors import SimtrainError
-from .trace import Trace
+from .trace import TRACE_COLUMNS, Trace
 
-@dataclass
+@dataclass(slots=True)
 class Task:
     """One interval of work.
 
@@ -112,6 +115,22 @@ class TaskGraph:
 
 SimResult = Trace
 """What :func:`simulate` returns: a :class:`simtrain.trace.Trace` (the old name, kept for callers)."""
+
+
+@contextmanager
+def gc_paused():
+    """Turn Python's cyclic garbage collector off for the block (and back on if it was on).
+
+    Building and running a task graph allocates hundreds of thousands of long-lived objects and
+    no reference cycles worth collecting; each automatic collection would scan them all again.
+    Nothing that is computed depends on it, only how long it takes."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class DeadlockError(SimtrainError):
@@ -183,35 +202,49 @@ def _fire(event: _Timer) -> None:
 
 
 class _Ports:
-    """Capacity-1 resources taken all at once (see the module docstring)."""
+    """Capacity-1 resources taken all at once (see the module docstring).
+
+    Waiting requests are kept in one queue per resource they want, numbered in arrival order. A
+    release can only grant requests that want a released resource (every other one still waits
+    for a resource that stays busy), so only those are tried, oldest first: the same grants, in
+    the same order, as trying every waiting request in arrival order."""
 
     def __init__(self, clock: _Clock, on_grant):
         self.clock = clock
         self.on_grant = on_grant
         self.busy: set[str] = set()
-        self.waiting: list[tuple[tuple[str, ...], int]] = []
+        self.queues: dict[str, list[tuple[int, tuple[str, ...], int]]] = {}  # name -> (seq, wanted, tid)
+        self.granted: set[int] = set()  # seqs granted since they queued (dropped from queues lazily)
+        self.seq = 0
 
     def acquire(self, names: tuple[str, ...], tid: int) -> None:
         """Grant ``names`` to task ``tid`` (a step due now), or queue it until all are free."""
         if self.busy.isdisjoint(names):
             self.busy.update(names)
             self.clock.soon(self.on_grant, tid)
-        else:
-            self.waiting.append((names, tid))
+            return
+        self.seq += 1
+        entry = (self.seq, names, tid)
+        for name in names:
+            self.queues.setdefault(name, []).append(entry)
 
     def release(self, names: tuple[str, ...]) -> None:
         """Free ``names`` and grant every waiting request that can now take all it needs."""
-        self.busy.difference_update(names)
-        if not self.waiting:
-            return
-        still = []
-        for wanted, tid in self.waiting:
-            if self.busy.isdisjoint(wanted):
-                self.busy.update(wanted)
+        busy, granted = self.busy, self.granted
+        busy.difference_update(names)
+        candidates = {}
+        for name in names:
+            queue = self.queues.get(name)
+            if queue:
+                live = [e for e in queue if e[0] not in granted]
+                self.queues[name] = live
+                candidates.update((e[0], e) for e in live)
+        for seq in sorted(candidates):
+            _, wanted, tid = candidates[seq]
+            if busy.isdisjoint(wanted):
+                busy.update(wanted)
+                granted.add(seq)
                 self.clock.soon(self.on_grant, tid)
-            else:
-                still.append((wanted, tid))
-        self.waiting = still
 
 
 class _SharedProcessors:
@@ -285,8 +318,9 @@ class _Run:
         self.pools = {name: _SharedProcessors(self.clock, count, self._finish) for name, count in graph.pools.items()}
         self.memory = list(graph.static_memory_bytes) or [0.0] * graph.num_ranks
         self.mem_rows: list[tuple[int, float, float]] = [(r, 0.0, self.memory[r]) for r in range(graph.num_ranks)]
-        self.rows: list[tuple] = []
+        self.order: list[int] = []  # tids in the order they ended
         self.start_s = [0.0] * n
+        self.end_s = [0.0] * n
 
     def _apply(self, deltas: list[tuple[int, float]]) -> None:
         memory, now = self.memory, self.clock.now
@@ -344,10 +378,8 @@ class _Run:
             self._apply(task.mem_end)
         if task.resources:
             self.ports.release(task.resources)
-        self.rows.append((
-            task.rank, task.stream or "", task.category, task.kind, task.name, task.stage,
-            task.microbatch, self.start_s[tid], self.clock.now, task.nbytes, task.peer, ",".join(task.resources),
-        ))
+        self.end_s[tid] = self.clock.now
+        self.order.append(tid)
         self.finished[tid] = True
         self.clock.soon(self._ended, tid)
         nxt = self.next_in_stream[tid]
@@ -367,6 +399,12 @@ def simulate(graph: TaskGraph) -> Trace:
     Raises:
         DeadlockError: some tasks never ran.
     """
+    with gc_paused():  # the run allocates many objects (per-task lists, columns) and no cycles
+        return _simulate(graph)
+
+
+def _simulate(graph: TaskGraph) -> Trace:
+    """:func:`simulate` (with the garbage collector off)."""
     run = _Run(graph)
     tasks = graph.tasks
     streams: dict[tuple[int, str], list[int]] = {}
@@ -380,19 +418,28 @@ def simulate(graph: TaskGraph) -> Trace:
         for a, b in zip(ids, ids[1:]):
             run.next_in_stream[a] = b
         starts.append(ids[0])
-    collecting = gc.isenabled()
-    gc.disable()  # the run allocates many short-lived objects and no cycles
-    try:
-        for tid in starts:
-            run.begin(tid)
-        run.clock.run()
-    finally:
-        if collecting:
-            gc.enable()
-
+    for tid in starts:
+        run.begin(tid)
+    run.clock.run()
     if not all(run.finished):
         raise DeadlockError(_describe_deadlock(tasks, run.finished, streams))
-    return Trace.from_rows(run.rows, run.mem_rows, simpy_events=run.clock.events)
+    return Trace.from_columns(_columns(tasks, run), run.mem_rows, simpy_events=run.clock.events)
+
+
+def _columns(tasks: list[Task], run: _Run) -> dict[str, Sequence]:
+    """The trace columns (:data:`simtrain.trace.TRACE_COLUMNS`) of a finished run, rows in the
+    order the tasks ended."""
+    order = run.order
+    if not order:
+        return {name: () for name in TRACE_COLUMNS}
+    fields = ("rank", "stream", "category", "kind", "name", "stage", "microbatch", "nbytes", "peer", "resources")
+    cols = dict(zip(fields, zip(*map(attrgetter(*fields), [tasks[i] for i in order]))))
+    cols["stream"] = [s or "" for s in cols["stream"]]
+    cols["resources"] = [",".join(r) for r in cols["resources"]]
+    cols["bytes"] = cols.pop("nbytes")
+    start_s, end_s = run.start_s, run.end_s
+    cols["start_s"], cols["end_s"] = [start_s[i] for i in order], [end_s[i] for i in order]
+    return cols
 
 
 def _describe_deadlock(tasks: list[Task], finished: list[bool], streams: dict) -> str:

@@ -20,12 +20,14 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from . import atomic
 from .errors import SimtrainError
 from .trace import lane_order, lanes
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 US = 1e6
 GiB = 2**30
@@ -93,6 +95,8 @@ def chrome_trace(
 
 def trace_table(traces: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """All traces in one table: a ``schedule`` column, then the engine's columns (SI units)."""
+    import pandas as pd
+
     frames = [t.assign(schedule=name)[["schedule", *t.columns]] for name, t in traces.items()]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["schedule"])
 

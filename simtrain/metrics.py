@@ -44,68 +44,117 @@ Definitions (sources use different ones; these are simtrain's):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
-from .trace import Trace, held_resources
+from .trace import Trace, held_ports, held_resources
 
+if TYPE_CHECKING:
+    import pandas as pd
 
-def _union(intervals: np.ndarray) -> np.ndarray:
-    """Merge an (n, 2) array of [start, end) intervals into disjoint sorted intervals."""
-    if len(intervals) == 0:
-        return np.empty((0, 2))
-    iv = intervals[np.argsort(intervals[:, 0], kind="stable")]
-    merged = [list(iv[0])]
-    for s, e in iv[1:]:
-        if s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([s, e])
-    return np.array(merged, dtype=float)
+_NO_INTERVALS = (np.empty(0), np.empty(0))
 
 
-def _length(merged: np.ndarray) -> float:
-    return float((merged[:, 1] - merged[:, 0]).sum()) if len(merged) else 0.0
+def _merge(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge [start, end) intervals sorted by start into disjoint sorted intervals (touching ones
+    join): a new interval begins where a start lies after every end before it.
+
+    Returns:
+        ``(starts, ends)`` of the merged intervals, float arrays.
+    """
+    if len(start) == 0:
+        return _NO_INTERVALS
+    reach = np.maximum.accumulate(end)
+    first = np.flatnonzero(np.concatenate(([True], start[1:] > reach[:-1])))
+    last = np.append(first[1:] - 1, len(start) - 1)
+    return start[first], reach[last]
 
 
-def _intersection_length(a: np.ndarray, b: np.ndarray) -> float:
-    """Total length of the intersection of two disjoint sorted interval sets."""
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i, 0], b[j, 0]), min(a[i, 1], b[j, 1])
-        if hi > lo:
-            total += hi - lo
-        if a[i, 1] < b[j, 1]:
-            i += 1
-        else:
-            j += 1
-    return total
+def _unions(owner: np.ndarray, start: np.ndarray, end: np.ndarray, ranks: np.ndarray) -> list:
+    """:func:`_merge` of the intervals of each rank, for all ranks with one sort.
+
+    Args:
+        owner: rank of each interval (int array); start, end: its bounds (s).
+        ranks: the ranks wanted, sorted.
+
+    Returns:
+        One ``(starts, ends)`` pair per entry of ``ranks`` (empty arrays for a rank with none).
+    """
+    order = np.lexsort((start, owner))
+    owner, start, end = owner[order], start[order], end[order]
+    lo, hi = np.searchsorted(owner, ranks, "left"), np.searchsorted(owner, ranks, "right")
+    return [_merge(start[a:b], end[a:b]) for a, b in zip(lo.tolist(), hi.tolist())]
 
 
-def peak_inflight(trace: pd.DataFrame, rank: int) -> int:
-    """Most (stage, microbatch) activations ``rank`` holds at once (see module docstring)."""
-    rows = trace[(trace["rank"] == rank) & (trace["category"] == "compute") & trace["stage"].notna()]
-    if rows.empty:
-        return 0
-    g = rows.groupby(["stage", "microbatch", "kind"])
-    start = g["start_s"].min()
-    end = g["end_s"].max()
-    events = []
-    backward = {(stage, mb) for stage, mb, kind in end.index if kind in ("B", "I")}
-    for (stage, mb, kind), t in start.items():
-        if kind == "F":
-            events.append((t, 1))
-    for (stage, mb, kind), t in end.items():
-        if kind in ("B", "I") or (kind == "F" and (stage, mb) not in backward):
-            events.append((t, -1))
-    events.sort(key=lambda e: (e[0], e[1]))  # frees before allocations at equal times
-    level = peak = 0
-    for _, d in events:
-        level += d
-        peak = max(peak, level)
-    return peak
+def _length(merged: tuple[np.ndarray, np.ndarray]) -> float:
+    """Total length of merged intervals (numpy's pairwise sum of their lengths)."""
+    start, end = merged
+    return float((end - start).sum()) if len(start) else 0.0
+
+
+def _intersection_length(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    """Total length of the intersection of two disjoint sorted interval sets: every pair that
+    overlaps gives one piece; the pieces, in time order, are added one after the other."""
+    (a_start, a_end), (b_start, b_end) = a, b
+    if len(a_start) == 0 or len(b_start) == 0:
+        return 0.0
+    first = np.searchsorted(b_end, a_start, "right")  # first b ending after a starts
+    stop = np.searchsorted(b_start, a_end, "left")  # b's starting before a ends
+    count = np.maximum(stop - first, 0)
+    if not count.any():
+        return 0.0
+    ai = np.repeat(np.arange(len(a_start)), count)
+    bi = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count) + np.repeat(first, count)
+    piece = np.minimum(a_end[ai], b_end[bi]) - np.maximum(a_start[ai], b_start[bi])
+    piece = piece[piece > 0]
+    return float(np.cumsum(piece)[-1]) if len(piece) else 0.0
+
+
+def _changes(*keys: np.ndarray) -> np.ndarray:
+    """True where any of the (sorted) key arrays differs from the row before (and at row 0)."""
+    out = np.zeros(len(keys[0]), bool)
+    out[0] = True
+    for k in keys:
+        out[1:] |= k[1:] != k[:-1]
+    return out
+
+
+def _peak_inflight(cols: dict[str, np.ndarray], ranks: np.ndarray) -> list[int]:
+    """Most (stage, microbatch) activations each of ``ranks`` holds at once (see module docstring).
+
+    Per (rank, stage, microbatch, kind) of the compute tasks of pipeline actions: an F allocates at
+    its first start; a B or an I frees at its last end; the F of a (stage, microbatch) without B
+    or I frees at its own last end. At equal times frees come first.
+    """
+    kind = cols["kind"]
+    code = np.select([kind == "F", kind == "B", kind == "I"], [0, 1, 2], -1)
+    keep = (cols["category"] == "compute") & ~np.isnan(cols["stage"]) & ~np.isnan(cols["microbatch"]) & (code >= 0)
+    if not keep.any():
+        return [0] * len(ranks)
+    rank, stage, mb, code = cols["rank"][keep], cols["stage"][keep], cols["microbatch"][keep], code[keep]
+    order = np.lexsort((code, mb, stage, rank))
+    rank, stage, mb, code = rank[order], stage[order], mb[order], code[order]
+    first = np.flatnonzero(_changes(rank, stage, mb, code))  # one group per (rank, stage, mb, kind)
+    g_start = np.minimum.reduceat(cols["start_s"][keep][order], first)
+    g_end = np.maximum.reduceat(cols["end_s"][keep][order], first)
+    rank, code = rank[first], code[first]
+    action = np.cumsum(_changes(rank, stage[first], mb[first])) - 1
+    has_backward = np.zeros(action[-1] + 1, bool)
+    has_backward[action[code > 0]] = True
+    frees = (code > 0) | ~has_backward[action]
+    alloc = code == 0
+    ev_rank = np.concatenate((rank[alloc], rank[frees]))
+    ev_time = np.concatenate((g_start[alloc], g_end[frees]))
+    ev_delta = np.concatenate((np.ones(alloc.sum(), np.int64), -np.ones(frees.sum(), np.int64)))
+    order = np.lexsort((ev_delta, ev_time, ev_rank))
+    ev_rank, level = ev_rank[order], np.cumsum(ev_delta[order])
+    lo, hi = np.searchsorted(ev_rank, ranks, "left"), np.searchsorted(ev_rank, ranks, "right")
+    peaks = []
+    for a, b in zip(lo.tolist(), hi.tolist()):
+        base = int(level[a - 1]) if a > 0 else 0
+        peaks.append(max(0, int(level[a:b].max()) - base) if b > a else 0)
+    return peaks
 
 
 @dataclass
@@ -147,6 +196,38 @@ class Report:
         return asdict(self)
 
 
+def _per_rank(cols: dict[str, np.ndarray], ranks: np.ndarray) -> dict[str, list[float]]:
+    """Per rank (in ``ranks`` order), in seconds: compute-busy time (``busy``), communication in
+    flight (``comm``) and its exposed part (``exposed``), the same for all-to-all (``a2a``,
+    ``a2a_exposed``), the span of pipeline actions (``span``) and their busy time (``pipe``).
+
+    A communication task involves its rank and its peer; intervals of a rank are merged before
+    they are measured (see the module docstring)."""
+    rank, peer, start, end = cols["rank"], cols["peer"], cols["start_s"], cols["end_s"]
+    compute = cols["category"] == "compute"
+    comm = cols["category"] == "comm"
+    to_peer = comm & ~np.isnan(peer)
+    to_peer[to_peer] = peer[to_peer] != rank[to_peer]  # a transfer to itself involves its rank once
+    owner = np.concatenate((rank[comm], peer[to_peer].astype(np.int64)))
+    c_start, c_end = np.concatenate((start[comm], start[to_peer])), np.concatenate((end[comm], end[to_peer]))
+    is_a2a = np.concatenate((cols["kind"][comm], cols["kind"][to_peer])) == "a2a"
+    pipe = compute & ~np.isnan(cols["stage"])
+    comp_iv = _unions(rank[compute], start[compute], end[compute], ranks)
+    comm_iv = _unions(owner, c_start, c_end, ranks)
+    a2a_iv = _unions(owner[is_a2a], c_start[is_a2a], c_end[is_a2a], ranks)
+    pipe_iv = _unions(rank[pipe], start[pipe], end[pipe], ranks)
+    out: dict[str, list[float]] = {k: [] for k in ("busy", "comm", "exposed", "a2a", "a2a_exposed", "span", "pipe")}
+    for comp, com, a2a, pip in zip(comp_iv, comm_iv, a2a_iv, pipe_iv):
+        out["busy"].append(_length(comp))
+        out["comm"].append(_length(com))
+        out["exposed"].append(out["comm"][-1] - _intersection_length(com, comp))
+        out["a2a"].append(_length(a2a))
+        out["a2a_exposed"].append(out["a2a"][-1] - _intersection_length(a2a, comp))
+        out["span"].append(float(pip[1][-1] - pip[0][0]) if len(pip[0]) else 0.0)
+        out["pipe"].append(_length(pip))
+    return out
+
+
 def compute_report(
     name: str,
     result: Trace,
@@ -172,30 +253,16 @@ def compute_report(
         tokens_per_replica: tokens one replica processes per step (m x b x s).
         mfu_valid: False when durations are fixed op-times (MFU is then reported as None).
     """
-    trace = result.trace
     step = result.makespan_s
-    ranks = sorted(result.memory["rank"].unique())
-    busy, exposed, comm_total, spans, pipe_busy = [], [], [], [], []
-    a2a_total, a2a_exposed = [], []
-    for r in ranks:
-        comp = trace[(trace["rank"] == r) & (trace["category"] == "compute")]
-        comp_iv = _union(comp[["start_s", "end_s"]].to_numpy(dtype=float))
-        involved = (trace["category"] == "comm") & ((trace["rank"] == r) | (trace["peer"] == r))
-        comm_iv = _union(trace.loc[involved, ["start_s", "end_s"]].to_numpy(dtype=float))
-        b = _length(comp_iv)
-        c = _length(comm_iv)
-        busy.append(b)
-        comm_total.append(c)
-        exposed.append(c - _intersection_length(comm_iv, comp_iv))
-        a2a_iv = _union(trace.loc[involved & (trace["kind"] == "a2a"), ["start_s", "end_s"]].to_numpy(dtype=float))
-        a2a_total.append(_length(a2a_iv))
-        a2a_exposed.append(a2a_total[-1] - _intersection_length(a2a_iv, comp_iv))
-        pipe_iv = _union(comp.loc[comp["stage"].notna(), ["start_s", "end_s"]].to_numpy(dtype=float))
-        spans.append(pipe_iv[-1, 1] - pipe_iv[0, 0] if len(pipe_iv) else 0.0)
-        pipe_busy.append(_length(pipe_iv))
+    mem = result.memory_columns
+    ranks = np.unique(mem["rank"])
+    per = _per_rank(result.columns, ranks)
+    busy, exposed, comm_total, spans, pipe_busy = per["busy"], per["exposed"], per["comm"], per["span"], per["pipe"]
+    a2a_total, a2a_exposed = per["a2a"], per["a2a_exposed"]
     n = len(ranks)
     max_span = max(spans) if spans else 0.0
-    peaks = result.memory.groupby("rank")["bytes"].max().reindex(ranks).tolist()
+    peaks = np.full(len(ranks), -np.inf)
+    np.maximum.at(peaks, np.searchsorted(ranks, mem["rank"]), mem["bytes"])
     total_comm = sum(comm_total)
     # exposed communication lies inside the idle time; the rest of it is the pipeline bubble
     # (subtracted last, so that without communication the figures equal the idle ones bit for bit)
@@ -216,8 +283,8 @@ def compute_report(
         overlap_ratio=(1 - sum(exposed) / total_comm) if total_comm > 0 else None,
         peak_memory_bytes=[float(p) for p in peaks],
         hbm_bytes=hbm_bytes,
-        fits_in_hbm=bool(max(peaks) <= hbm_bytes),
-        peak_inflight_microbatches=[peak_inflight(trace, r) for r in ranks],
+        fits_in_hbm=bool(peaks.max() <= hbm_bytes),
+        peak_inflight_microbatches=_peak_inflight(result.columns, ranks),
         mfu=(model_flops_per_replica / (step * gpus_per_replica * peak_flops)) if mfu_valid and step > 0 else None,
         tokens_per_s=dp * tokens_per_replica / step if step > 0 else 0.0,
         model_flops=model_flops_per_replica * dp,
@@ -225,27 +292,40 @@ def compute_report(
         a2a_s=float(np.mean(a2a_total)) if a2a_total else 0.0,
         exposed_a2a_s=float(np.mean(a2a_exposed)) if a2a_exposed else 0.0,
         ep_share=float(np.mean(a2a_exposed)) / step if step > 0 and a2a_exposed else 0.0,
-        link_utilisation=link_utilisation(trace, n, step),
+        link_utilisation=link_utilisation(result, n, step),
     )
 
 
-def link_utilisation(trace: pd.DataFrame, num_ranks: int, step_s: float) -> dict[str, float]:
+def link_utilisation(trace: Trace, num_ranks: int, step_s: float) -> dict[str, float]:
     """Busy time / (ranks x step) per port kind (see the module docstring).
 
     Args:
-        trace: the tasks table (its ``resources`` column names the ports each task held).
+        trace: the step (its ``resources`` column names the ports each task held).
         num_ranks: ranks simulated.
         step_s: step time.
 
     Returns:
         ``{kind: utilisation}`` with kind ``"<link>:<direction>"`` for link ports (see
-        :func:`simtrain.trace.parse_port`; other resources are their own kind), sorted by kind.
+        :func:`simtrain.trace.held_ports`; other resources are their own kind), sorted by kind.
     """
     if step_s <= 0:
         return {}
+    cols = trace.columns
+    distinct: dict[str, int] = {}
+    code = np.array([distinct.setdefault(r if isinstance(r, str) else "", len(distinct))
+                     for r in cols["resources"].tolist()], dtype=np.int64)
+    times: dict[str, np.ndarray] = {}  # port kind -> how often each distinct entry holds one
+    for res, i in distinct.items():
+        for port, _rank in held_ports(res):
+            times.setdefault(port, np.zeros(len(distinct), np.int64))[i] += 1
     busy: dict[str, float] = {}
-    for port, _rank, _kind, start, end in held_resources(trace):
-        busy[port] = busy.get(port, 0.0) + end - start  # this order of additions is what the goldens pin
+    for port, per_entry in times.items():
+        count = per_entry[code]
+        rows = np.repeat(np.flatnonzero(count), count[count > 0])  # table order, once per holding
+        total = 0.0
+        for start, end in zip(cols["start_s"][rows].tolist(), cols["end_s"][rows].tolist()):
+            total = total + end - start  # this order of additions is what the goldens pin
+        busy[port] = total
     return {k: v / (num_ranks * step_s) for k, v in sorted(busy.items())}
 
 
@@ -267,6 +347,8 @@ def link_busy(trace: pd.DataFrame, step_s: float) -> pd.DataFrame:
         ``"nvlink:out"``; any other resource its own name, with the rank of the task that held
         it), kind the kind of traffic, sorted by (port, rank, kind); empty when nothing was held.
     """
+    import pandas as pd
+
     held = held_resources(trace) if step_s > 0 else []
     if not held:
         return pd.DataFrame(columns=LINK_BUSY_COLUMNS)

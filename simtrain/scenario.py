@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .checks import MAX_OP_TIME_S
 from .costs import StageCosts, stage_costs
-from .engine import SimResult, simulate
+from .engine import SimResult, gc_paused, simulate
 from .errors import SimtrainError, load_yaml_file, validate_model
 from .hardware import GiB, HardwareProfile
 from .lowering import lower
@@ -179,6 +179,21 @@ def run_schedule(
         SimtrainError: invalid schedule parameters, a model/parallel mismatch, static memory that
             does not fit in HBM, or a schedule that deadlocks.
     """
+    with gc_paused():  # the graph's objects die before collection is back on (see gc_paused)
+        return _run_schedule(schedule, model, hardware, parallel, op_times, comm, waved_ep, runtime)
+
+
+def _run_schedule(
+    schedule: str | Schedule,
+    model: ModelSpec,
+    hardware: HardwareProfile,
+    parallel: ParallelConfig,
+    op_times: tuple[float, float, float] | None,
+    comm: bool,
+    waved_ep: bool,
+    runtime: Callable[[StageCosts], StageCosts] | None,
+) -> ScheduleRun:
+    """:func:`run_schedule` (with the garbage collector off)."""
     if isinstance(schedule, str):
         base, variants = split_name(schedule)  # the name edge: "1f1b+waved-ep" = 1F1B run with Waved-EP
         waved_ep = waved_ep or "waved-ep" in variants

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from pydantic import ValidationError
 
 from .errors import SimtrainError
@@ -24,6 +24,9 @@ from .hardware import HardwareProfile
 from .models import ModelSpec
 from .parallel import ParallelConfig
 from .scenario import run_schedule
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SWEEPABLE = ("microbatches", "pp", "vp", "tp", "dp", "microbatch_size")
 """ParallelConfig fields a sweep may vary."""
@@ -148,4 +151,6 @@ def run_sweep(
                 peak_memory_bytes=max(report.peak_memory_bytes), hbm_bytes=report.hbm_bytes,
                 fits_in_hbm=report.fits_in_hbm, error=None,
             ))
+    import pandas as pd
+
     return pd.DataFrame(rows, columns=ROW_COLUMNS)

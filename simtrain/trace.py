@@ -1,4 +1,5 @@
-"""The trace: what ran when in one simulated (or measured) step. Pure pandas, no SimPy.
+"""The trace: what ran when in one simulated (or measured) step. Plain rows and numpy columns; no
+SimPy, and pandas only when a table is asked for.
 
 The engine writes it, and metrics, viz, export, measured and overlay read it:
 
@@ -13,6 +14,12 @@ The engine writes it, and metrics, viz, export, measured and overlay read it:
   beginning with its static memory at time 0;
 * the **makespan** (end of the last task, seconds).
 
+A :class:`Trace` keeps the tasks table as columns (object arrays of the values as given) and the
+memory table as rows; :attr:`Trace.columns` and :attr:`Trace.memory_columns` give them as typed
+numpy arrays (what :mod:`simtrain.metrics` reads, in time linear in the tasks), and
+:attr:`Trace.tasks` and :attr:`Trace.memory` as pandas DataFrames (what viz and export read),
+each built on first use.
+
 It also names the *lanes* a task is drawn in (timeline rows, trace-viewer threads) and parses
 the engine's link-port resource names ``"<link>:<rank>:<out|in>"`` (built by
 :class:`simtrain.network.Topology`).
@@ -20,10 +27,15 @@ the engine's link-port resource names ``"<link>:<rank>:<out|in>"`` (built by
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING
 
-import pandas as pd
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TRACE_COLUMNS = [
     "rank", "stream", "category", "kind", "name", "stage", "microbatch",
@@ -37,50 +49,111 @@ MEMORY_COLUMNS = ["rank", "time_s", "bytes"]
 COMPUTE_LANE = "compute"
 P2P_LANE = "p2p"
 
+_NUMERIC = {"rank": np.int64, "stage": float, "microbatch": float, "start_s": float, "end_s": float,
+            "bytes": float, "peer": float}
+"""Numpy dtypes of the numeric columns of :attr:`Trace.columns` (None becomes NaN); the others are
+object arrays."""
+
 
 @dataclass
 class Trace:
-    """One step's tasks table, memory table and makespan.
+    """One step's tasks, memory timeline and makespan.
+
+    Build it with :meth:`from_rows` or :meth:`from_columns`.
 
     Attributes:
-        tasks: DataFrame with :data:`TRACE_COLUMNS`, one row per task, sorted by (start_s, rank).
-        memory: DataFrame with :data:`MEMORY_COLUMNS`.
+        table: the tasks table, one 1-D object array per :data:`TRACE_COLUMNS` name holding the
+            values as given (ints, floats, strings, None), rows sorted by (start_s, rank).
+        memory_rows: ``(rank, time_s, bytes)`` tuples in the order the changes happened.
         makespan_s: end of the last task (0 for an empty step).
         events: number of tasks executed (engine events, for benchmarks).
         simpy_events: number of SimPy events the run scheduled (benchmarks; 0 when not simulated).
     """
 
-    tasks: pd.DataFrame
-    memory: pd.DataFrame
+    table: dict[str, np.ndarray] = field(repr=False)
+    memory_rows: list[tuple] = field(repr=False)
     makespan_s: float
     events: int
     simpy_events: int = 0
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, Sequence], memory_rows: list[tuple], simpy_events: int = 0) -> Trace:
+        """Build a trace from columns.
+
+        Args:
+            columns: one equally long sequence per :data:`TRACE_COLUMNS` name, rows in any order
+                of time.
+            memory_rows: ``(rank, time_s, bytes)`` tuples in the order the changes happened.
+            simpy_events: SimPy events the engine scheduled for them (benchmarks).
+
+        Returns:
+            The trace, rows sorted stably by (start_s, rank), makespan the largest ``end_s``.
+
+        Raises:
+            ValueError: a column is missing or the columns differ in length.
+        """
+        table = {name: _objects(columns[name]) for name in TRACE_COLUMNS}
+        n = len(table["rank"])
+        if any(len(col) != n for col in table.values()):
+            raise ValueError("trace columns differ in length")
+        if n:
+            order = np.lexsort((table["rank"].astype(np.int64), table["start_s"].astype(float)))  # stable
+            table = {name: col[order] for name, col in table.items()}
+        return cls(table=table, memory_rows=list(memory_rows),
+                   makespan_s=float(table["end_s"].astype(float).max()) if n else 0.0,
+                   events=n, simpy_events=simpy_events)
+
+    @classmethod
+    def from_rows(cls, task_rows: list[tuple], memory_rows: list[tuple], simpy_events: int = 0) -> Trace:
+        """Build a trace from rows: tuples in :data:`TRACE_COLUMNS` order, in any order of time
+        (see :meth:`from_columns` for the rest)."""
+        cols = list(zip(*task_rows)) if task_rows else [()] * len(TRACE_COLUMNS)
+        return cls.from_columns(dict(zip(TRACE_COLUMNS, cols)), memory_rows, simpy_events)
+
+    @cached_property
+    def columns(self) -> dict[str, np.ndarray]:
+        """The tasks table as typed numpy arrays, one per :data:`TRACE_COLUMNS` name, in row
+        order: ``rank`` int64; ``stage``, ``microbatch``, ``start_s``, ``end_s``, ``bytes`` and
+        ``peer`` float64 (NaN where none); the text columns object arrays."""
+        return {name: col.astype(_NUMERIC[name]) if name in _NUMERIC else col for name, col in self.table.items()}
+
+    @cached_property
+    def rows(self) -> list[tuple]:
+        """The tasks table as tuples in :data:`TRACE_COLUMNS` order, in row order."""
+        return list(zip(*(self.table[name].tolist() for name in TRACE_COLUMNS)))
+
+    @cached_property
+    def memory_columns(self) -> dict[str, np.ndarray]:
+        """The memory table as numpy arrays: ``rank`` int64, ``time_s`` and ``bytes`` float64."""
+        cols = list(zip(*self.memory_rows)) if self.memory_rows else [(), (), ()]
+        return {name: np.array(col, dtype=np.int64 if name == "rank" else float)
+                for name, col in zip(MEMORY_COLUMNS, cols)}
+
+    @cached_property
+    def tasks(self) -> pd.DataFrame:
+        """The tasks table as a DataFrame with :data:`TRACE_COLUMNS` (index 0..n-1)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=TRACE_COLUMNS)
 
     @property
     def trace(self) -> pd.DataFrame:
         """The tasks table (the name callers used before the trace had its own module)."""
         return self.tasks
 
-    @classmethod
-    def from_rows(cls, task_rows: list[tuple], memory_rows: list[tuple], simpy_events: int = 0) -> Trace:
-        """Build a trace from raw rows.
+    @cached_property
+    def memory(self) -> pd.DataFrame:
+        """The memory table as a DataFrame with :data:`MEMORY_COLUMNS`."""
+        import pandas as pd
 
-        Args:
-            task_rows: tuples in :data:`TRACE_COLUMNS` order, in any order of time.
-            memory_rows: ``(rank, time_s, bytes)`` tuples in the order the changes happened.
-            simpy_events: SimPy events the engine scheduled for them (benchmarks).
+        return pd.DataFrame(self.memory_rows, columns=MEMORY_COLUMNS)
 
-        Returns:
-            The trace, tasks sorted stably by (start_s, rank), makespan the largest ``end_s``.
-        """
-        tasks = pd.DataFrame(task_rows, columns=TRACE_COLUMNS).sort_values(["start_s", "rank"], kind="stable")
-        return cls(
-            tasks=tasks.reset_index(drop=True),
-            memory=pd.DataFrame(memory_rows, columns=MEMORY_COLUMNS),
-            makespan_s=float(tasks["end_s"].max()) if len(tasks) else 0.0,
-            events=len(task_rows),
-            simpy_events=simpy_events,
-        )
+
+def _objects(values: Sequence) -> np.ndarray:
+    """A 1-D object array holding ``values`` themselves (no conversion)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
 
 
 def lane_of(category: str, stream: str | None, kind: str) -> str:
@@ -104,6 +177,8 @@ def lane_of(category: str, stream: str | None, kind: str) -> str:
 
 def lanes(tasks: pd.DataFrame) -> pd.Series:
     """:func:`lane_of` for every row of a tasks table (a Series aligned with ``tasks``)."""
+    import pandas as pd
+
     return pd.Series(
         [lane_of(c, s, k) for c, s, k in zip(tasks["category"], tasks["stream"], tasks["kind"])],
         index=tasks.index, dtype=object,
@@ -129,6 +204,26 @@ def parse_port(name: str) -> tuple[str, int, str] | None:
     return None
 
 
+@lru_cache(maxsize=65536)
+def held_ports(resources: str) -> tuple[tuple[str, int | None], ...]:
+    """The resources of one tasks-table ``resources`` entry, parsed (cached: a trace repeats few
+    distinct entries).
+
+    Args:
+        resources: resource names joined by ``","`` ("" for none).
+
+    Returns:
+        ``(port_kind, port_rank)`` per resource, in order: ``port_kind`` is
+        ``"<link>:<direction>"`` for link ports (``port_rank`` the port's rank), else the
+        resource's own name (``port_rank`` None: the holding task's rank stands for it).
+    """
+    out = []
+    for name in resources.split(",") if resources else ():
+        port = parse_port(name)
+        out.append((f"{port[0]}:{port[2]}", port[1]) if port else (name, None))
+    return tuple(out)
+
+
 def held_resources(tasks: pd.DataFrame) -> list[tuple[str, int, str, float, float]]:
     """Every (resource, task) holding in the tasks table, in table order.
 
@@ -138,7 +233,7 @@ def held_resources(tasks: pd.DataFrame) -> list[tuple[str, int, str, float, floa
     Returns:
         ``(port_kind, port_rank, task_kind, start_s, end_s)`` per resource a task held:
         ``port_kind`` is ``"<link>:<direction>"`` for link ports (``port_rank`` the port's rank),
-        else the resource's own name (``port_rank`` the task's rank).
+        else the resource's own name (``port_rank`` the task's rank); see :func:`held_ports`.
     """
     if "resources" not in tasks or tasks.empty:
         return []
@@ -146,8 +241,6 @@ def held_resources(tasks: pd.DataFrame) -> list[tuple[str, int, str, float, floa
     held = tasks[tasks["resources"].fillna("") != ""]
     for res, kind, rank, start, end in zip(held["resources"], held["kind"], held["rank"], held["start_s"],
                                            held["end_s"]):
-        for name in str(res).split(","):
-            port = parse_port(name)
-            where = (f"{port[0]}:{port[2]}", port[1]) if port else (name, int(rank))
-            out.append((*where, kind, start, end))
+        for port_kind, port_rank in held_ports(str(res)):
+            out.append((port_kind, int(rank) if port_rank is None else port_rank, kind, start, end))
     return out

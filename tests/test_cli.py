@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -192,3 +194,14 @@ def test_memory_hint_only_suggests_what_applies():
     assert res.exit_code == 2 and "raise --tp or --pp" in res.stderr and "zero-stage" not in res.stderr
     res = invoke("compare", "--model", "llama3-70b", "--hardware", "h100-sxm", "--pp", "2", "--dp", "8")
     assert res.exit_code == 2 and "or use --zero-stage 1" in res.stderr.replace("\n", " ")
+
+
+def test_compare_json_imports_neither_plotly_nor_pandas():
+    """Start-up: ``compare --json`` needs no dashboard and no tables, so it loads neither library."""
+    code = ("import sys\nfrom simtrain.cli import main\nsys.argv = ['simtrain', 'compare', *sys.argv[1:]]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'plotly', 'pandas', 'torch'}))")
+    proc = subprocess.run([sys.executable, "-c", code, *SMALL, "--json"], capture_output=True, text=True, check=True)
+    rows, loaded = proc.stdout.rsplit("\n", 2)[:2]
+    assert json.loads(rows)[0]["step_time_s"] > 0
+    assert loaded == "[]"

@@ -90,7 +90,7 @@ def test_memory_mfu_and_throughput(trace):
 
 
 def test_link_utilisation(trace):
-    util = link_utilisation(trace.tasks, 2, trace.makespan_s)
+    util = link_utilisation(trace, 2, trace.makespan_s)
     # each NVLink port is held 2 s, each NIC port 0.5 s, out of 2 ranks x 10 s
     assert util == pytest.approx({"nic:in": 0.5 / 20, "nic:out": 0.5 / 20, "nvlink:in": 2 / 20, "nvlink:out": 2 / 20})
     assert list(util) == sorted(util)

@@ -17,7 +17,6 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..atomic import check_writable
@@ -68,6 +67,8 @@ def _check_device(device: str, world: int | None, torch) -> int:
 
 def _run(job: str, spec: dict, world: int, timeout_s: float, title: str) -> dict | None:
     """Run ``job`` in place (torchrun) or on spawned local ranks, with a progress bar."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # only when a job runs
+
     columns = (TextColumn(f"{title}: {{task.description}}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn())
     quiet = launch.under_torchrun() and os.environ.get("RANK") != "0"  # one progress bar per job

@@ -19,13 +19,10 @@ from ..collective_cli import collective
 from ..errors import SimtrainError
 from ..export import check_output_path, write_output
 from ..hardware import GB, GiB, TFLOPS, load_profile, profile_files
-from ..measured import read_torch_trace
 from ..models import available_models, load_model
-from ..overlay import action_differences, measured_op_times, overlay_summary, schedule_from_measured
 from ..scenario import run_schedule
 from ..schedules import REGISTRY, generate
 from ..schedules.io import format_torch_csv, write_torch_csv
-from ..viz import write_overlay
 from .app import app, err, out, user_errors
 from .settings import load_settings
 
@@ -82,6 +79,10 @@ def overlay(
     force: Annotated[bool, typer.Option("--force", help="overwrite --out if simtrain did not write it")] = False,
 ) -> None:
     """Draw a measured torch pipeline step and its simulation on one timeline, rank by rank."""
+    from ..measured import read_torch_trace  # pandas and plotly: only for this command
+    from ..overlay import action_differences, measured_op_times, overlay_summary, schedule_from_measured
+    from ..viz import write_overlay
+
     inputs = [*measured, *(p for p in (scenario, Path(model) if model else None,
                                        Path(hardware) if hardware else None) if p)]
     if scenario is None and model is None and op_times is None:

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
-import pandas as pd
 import typer
-from rich.table import Table
 
 from ..checks import MAX_TASKS, check_applicable, check_finite, check_imported, check_structure
 from ..engine import DeadlockError
@@ -27,10 +25,11 @@ from ..schedules import Schedule, split_name
 from ..schedules.io import read_torch_csv
 from ..cost_models import CostChoice, hfu, parse_cost_choice, recompute_modules, stage_breakdown
 from ..sweep import SweepSpec, parse_sweep, run_sweep, sweep_from_mapping
-from ..viz import Panel, Sweep, write_dashboard
-from ..viz.tables import SWEEP_COLUMNS, summary_columns
 from .app import app, err, out, user_errors
 from .settings import Settings, fit_to_file, load_settings, parallel_from
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 @app.command()
 @user_errors
@@ -306,6 +305,8 @@ def _write_outputs(outputs: tuple[Path | None, ...], st: Settings, plan: _Compar
     html_path, trace_path, csv_path = outputs
     base = st.scenario
     if html_path is not None:
+        from ..viz import Panel, Sweep, write_dashboard  # plotly: only for a dashboard
+
         write_output(lambda: write_dashboard(
             html_path, [Panel(r.report, r.result.tasks, r.result.memory) for r in runs],
             base.title if not st.flags_only else "simtrain comparison", subtitle, source=base.source,
@@ -322,6 +323,10 @@ def _write_outputs(outputs: tuple[Path | None, ...], st: Settings, plan: _Compar
 
 def _print_summary(reports: list[Report], subtitle: str) -> None:
     """The terminal table of :data:`simtrain.viz.tables.SUMMARY_COLUMNS`, one row per schedule."""
+    from rich.table import Table
+
+    from ..viz.tables import summary_columns
+
     table = Table(title=subtitle)
     ep = any(r.a2a_s > 0 for r in reports)  # the EP columns already fill the width: HFU stays in JSON/HTML
     cols = [c for c in summary_columns(reports) if c.cli is not None and not (ep and c.key == "hfu")]
@@ -351,6 +356,10 @@ def _check_fit(reports) -> None:
 
 def _print_sweep(rows: pd.DataFrame, field: str) -> None:
     """The terminal table of :data:`simtrain.viz.tables.SWEEP_COLUMNS`, one row per (value, schedule)."""
+    from rich.table import Table
+
+    from ..viz.tables import SWEEP_COLUMNS
+
     table = Table(title=f"sweep over {field}")
     for c in SWEEP_COLUMNS:
         table.add_column(c.cli.format(field=field), justify="left" if c.key == "schedule" else "right")

@@ -25,8 +25,6 @@ from ..plan import PlanRequest, config_of_row, search, summarise
 from ..plan_backends import make_backend
 from ..scenario import run_schedule
 from ..schedules import REGISTRY, split_name
-from ..viz import Panel
-from ..viz.plan import config_label, write_plan_page
 from .app import app, user_errors
 from .app import err as _err
 from .app import out as _out
@@ -69,6 +67,8 @@ def _atomic_write(path: Path, write) -> None:
 
 
 def _print_tables(summary: dict, subtitle: str) -> None:
+    from ..viz.plan import config_label  # plotly: only for the tables and the page
+
     for title, rows in ((f"top {len(summary['top'])}: {subtitle}", summary["top"]),
                         ("Pareto front: step time against peak memory", summary["pareto"])):
         table = Table(title=title)
@@ -140,6 +140,9 @@ def _report(req: PlanRequest, summary: dict, rows: list[dict], out_path: Path | 
     subtitle = (f"{req.model.name} on {gpus} x {req.hardware.name}, global batch {global_batch} x "
                 f"{seq_len or req.model.seq_len} tokens, objective {objective}")
     if out_path is not None:
+        from ..viz import Panel
+        from ..viz.plan import write_plan_page
+
         best = summary["best"]
         cfg_run = run_schedule(best["schedule"], req.model, req.hardware, config_of_row(best).parallel(seq_len))
         panel = Panel(cfg_run.report, cfg_run.result.tasks, cfg_run.result.memory)

@@ -30,7 +30,7 @@ alone), with no gradient reduction or optimizer. Communication is declared as
 from __future__ import annotations
 
 from ..costs import StageCosts
-from ..engine import TaskGraph
+from ..engine import TaskGraph, gc_paused
 from ..network import Topology
 from ..schedules.ir import Schedule
 from .chains import emit_chains
@@ -54,6 +54,12 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
     Returns:
         The task graph; rank r of the graph is pipeline rank r.
     """
+    with gc_paused():  # hundreds of thousands of tasks, no cycles to collect
+        return _lower(schedule, costs, topology, comm, waves)
+
+
+def _lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool, waves: int) -> TaskGraph:
+    """:func:`lower` (with the garbage collector off)."""
     held = [{schedule.chunk_of(s) for s in schedule.stages_of(r)} for r in range(schedule.num_ranks)]
     low = Lowering(
         schedule, costs, topology, comm, waves, TaskGraph(num_ranks=schedule.num_ranks),

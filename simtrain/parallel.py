@@ -60,7 +60,10 @@ class ParallelConfig(NumbersNotBooleans):
         microbatch_size: sequences per microbatch (b).
         seq_len: tokens per sequence (s); None means the model's default.
         dtype: compute dtype of the GEMMs (selects the profile's peak rate).
-        zero_stage: 0 (plain DP) or 1 (optimizer states sharded over DP, Rajbhandari et al. 2020).
+        zero_stage: ZeRO stage (Rajbhandari et al. 2020, "ZeRO", §5): 0 plain DP; 1 optimizer
+            states sharded over DP; 2 also gradients (reduce-scattered after every backward); 3
+            also parameters (FSDP: all-gathered per layer before each F and B, see
+            :mod:`simtrain.lowering.zero`).
         recompute: activation recomputation (Korthikanti et al. 2022): ``none`` stores everything,
             ``selective`` recomputes attention scores (what FlashAttention gives for free),
             ``full`` stores only each layer's input and reruns its forward in the backward.
@@ -90,7 +93,7 @@ class ParallelConfig(NumbersNotBooleans):
     microbatch_size: int = Field(default=1, ge=1)
     seq_len: int | None = Field(default=None, ge=1)
     dtype: Dtype = "bf16"
-    zero_stage: Literal[0, 1] = 0
+    zero_stage: Literal[0, 1, 2, 3] = 0
     recompute: Literal["none", "selective", "full"] = "selective"
     sequence_parallel: bool = True
     dp_buckets: int = Field(default=4, ge=1)

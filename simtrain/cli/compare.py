@@ -46,7 +46,7 @@ def compare(
     microbatch_size: Annotated[Optional[int], typer.Option(help="sequences per microbatch (b)")] = None,
     seq_len: Annotated[Optional[int], typer.Option(help="tokens per sequence (default: the model's)")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="compute dtype: bf16, fp16, fp8, fp32, tf32")] = None,
-    zero_stage: Annotated[Optional[int], typer.Option(help="ZeRO stage: 0 or 1")] = None,
+    zero_stage: Annotated[Optional[int], typer.Option(help="ZeRO stage: 0, 1 (optimizer), 2 (+gradients) or 3 (+parameters, FSDP)")] = None,
     recompute: Annotated[Optional[str], typer.Option(help="activation recomputation: none, selective, full")] = None,
     schedules: Annotated[Optional[str], typer.Option(
         help="comma-separated schedule names; '+waved-ep' adds Waved-EP, e.g. 1f1b,1f1b+waved-ep")] = None,

@@ -14,7 +14,7 @@ from ..moe import check_expert_parallel, chunk_cost, gpu_layer_params, imbalance
 from ..network import Collective
 from ..parallel import ParallelConfig
 from .layers import elementwise_s, gemm_seconds, layer_shape, linear_layers
-from .types import OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts
+from .types import OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts, static_bytes_per_param
 
 def split_layers(num_layers: int, num_chunks: int) -> list[int]:
     """Layers per chunk: as even as possible, extra layers to the middle chunks first.
@@ -253,10 +253,11 @@ def stage_costs(
     expert_shard = parallel.expert_dp if parallel.zero_stage >= 1 else 1
     return StageCosts(
         chunks=tuple(chunks),
-        static_bytes_per_param=2 * weight_bytes + optimizer_bytes / shard,
+        static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard),
         grad_bytes_per_param=weight_bytes,
         optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / shard / optimizer_rate,
         tokens_per_microbatch=tokens,
-        expert_static_bytes_per_param=2 * weight_bytes + optimizer_bytes / expert_shard,
+        expert_static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage,
+                                                             expert_shard),
         expert_optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / expert_shard / optimizer_rate,
     )

@@ -16,6 +16,30 @@ read; master weight, m, v, 16-bit weight written): the step is memory-bound, at 
 or a calibrated profile's measured optimizer rate (``compute.optimizer_gb_per_s``)."""
 
 
+def static_bytes_per_param(weight_bytes: float, optimizer_bytes: float, zero_stage: int, shard: int) -> float:
+    """HBM bytes per parameter for the parameter, its gradient and its optimizer states.
+
+    Rajbhandari et al. 2020, "ZeRO", §5.1-5.3 (Figure 1): with ``Psi`` parameters, a 16-bit
+    parameter and gradient (2 + 2 bytes) and ``K`` optimizer bytes, stage 0 keeps ``2+2+K``,
+    stage 1 ``2+2+K/N``, stage 2 ``2+(2+K)/N`` and stage 3 ``(2+2+K)/N`` per parameter for a
+    shard group of N GPUs. (Unsharded buffers of stages 2 and 3, gathered parameters and the
+    gradient of one backward, are transient memory: :mod:`simtrain.lowering.zero`.)
+
+    Args:
+        weight_bytes: bytes of a parameter (and of its gradient) in the compute copy.
+        optimizer_bytes: optimizer bytes per parameter (K; 12 for mixed-precision Adam).
+        zero_stage: 0 to 3.
+        shard: GPUs the sharded states are split over (the DP degree, or expert-DP).
+
+    Returns:
+        Bytes per parameter.
+    """
+    n = shard if zero_stage >= 1 else 1
+    params = weight_bytes / n if zero_stage >= 3 else weight_bytes
+    grads = weight_bytes / n if zero_stage >= 2 else weight_bytes
+    return params + grads + optimizer_bytes / n
+
+
 @dataclass(frozen=True)
 class ChunkCost:
     """Costs of one model chunk (a pipeline stage) for one microbatch on one GPU.

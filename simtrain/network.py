@@ -57,13 +57,14 @@ class Collective:
 
     Attributes:
         op: the operation.
-        dim: the parallel dimension of the group (``tp``, ``dp``, ``ep``, ``expert_dp``; ``pp`` for
+        dim: the parallel dimension of the group (``tp``, ``cp``, ``dp``, ``ep``, ``expert_dp``; ``pp`` for
             p2p); the group itself follows from :meth:`simtrain.parallel.ParallelConfig.group`.
         nbytes: bytes of the buffer (all-reduce / reduce-scatter input, all-gather output, the
             message of a p2p, everything one GPU sends in an all-to-all, local copies included).
         repeat: how many identical collectives back to back (e.g. 4 per layer x layers).
         link_bytes: for an all-to-all, bytes the GPU sends per link class (``("nvlink", b)``,
-            ``("nic", b)``); the routing model of :mod:`simtrain.moe` decides them.
+            ``("nic", b)``); the routing model of :mod:`simtrain.moe` decides them; empty: a
+            uniform all-to-all over the group, ``repeat`` times (see ``Topology._spread``).
         imbalance: for an all-to-all, what the most loaded GPU receives over the mean (>= 1).
     """
 
@@ -187,8 +188,9 @@ class Topology:
         the slower link class for an all-to-all (:meth:`all_to_all`). 0 for an empty buffer or a
         group of one GPU.
         """
-        if c.op == "all-to-all":
-            return max((p.seconds() for p in self.all_to_all(c)), default=0.0)
+        if c.op == "all-to-all":  # repeat counts for a uniform one (an EP one's bytes are its whole)
+            return (1 if c.link_bytes else c.repeat) * max((p.seconds() for p in self.all_to_all(c, pp_rank)),
+                                                           default=0.0)
         route = self.route(c, pp_rank, holders, peer)
         if c.op == "p2p":
             return route.transfer_s(c.nbytes)
@@ -203,12 +205,26 @@ class Topology:
         nvlink, nic = self.a2a_routes(pp_rank)
         routes = {"nvlink": nvlink, "nic": nic}
         parts = []
-        for link, nbytes in c.link_bytes:
+        for link, nbytes in c.link_bytes or self._spread(c, pp_rank):
             route = routes[link]
             if nbytes > 0:
                 bw = route.bandwidth_bytes_per_s * route.link.efficiency
                 parts.append(A2APart(link, nbytes, route.link.latency_s, nbytes * c.imbalance / bw))
         return tuple(parts)
+
+    def _spread(self, c: Collective, pp_rank: int) -> tuple[tuple[str, float], ...]:
+        """Link bytes of a uniform all-to-all over the group of ``c.dim`` (e.g. Ulysses over CP):
+        of the ``nbytes`` a GPU holds, 1/n stays local, 1/n goes to each other member, over NVLink
+        to those on its node and over the NICs to the others. The group's members are evenly
+        spaced GPU ids from its span."""
+        group = self.parallel.group(c.dim, pp_rank)
+        n, (lo, hi) = group.size, group.span
+        if n <= 1:
+            return ()
+        stride = (hi - lo) // (n - 1)
+        per_node = self.hardware.gpus_per_node
+        local = sum(1 for i in range(n) if (lo + i * stride) // per_node == lo // per_node)
+        return (("nvlink", c.nbytes * (local - 1) / n), ("nic", c.nbytes * (n - local) / n))
 
     def processor_pools(self, num_ranks: int) -> tuple[dict[int, str], dict[str, float]]:
         """Which pipeline ranks share processors, for nodes running more ranks than processors.

@@ -1,10 +1,14 @@
 """Parallel configuration: how one training step is split over GPUs.
 
-The GPUs of one job are ``tp x pp x dp``. Rank numbering follows the Llama 3 paper's order
-[TP, CP, PP, DP] (Dubey et al. 2024, arXiv:2407.21783 §3.3.2; no CP here): TP is innermost, so a
-TP group sits inside one node when ``tp <= gpus_per_node``; consecutive pipeline stages are the
-next TP groups; DP is outermost. GPU ``g = (dp_idx * pp + pp_idx) * tp + tp_idx`` sits on node
-``g // gpus_per_node``.
+The GPUs of one job are ``tp x cp x pp x dp``. Rank numbering follows the Llama 3 paper's order
+[TP, CP, PP, DP] (Dubey et al. 2024, arXiv:2407.21783 §3.3.2): TP is innermost, so a TP group
+sits inside one node when ``tp <= gpus_per_node``; the context-parallel group is the next ``cp``
+TP groups (inside one node when ``tp x cp <= gpus_per_node``: CP placed inside a node first);
+consecutive pipeline stages follow; DP is outermost. GPU
+``g = ((dp_idx * pp + pp_idx) * cp + cp_idx) * tp + tp_idx`` sits on node ``g // gpus_per_node``.
+The CP ranks of a stage hold the same parameters, so gradients are reduced (and ZeRO states
+sharded) over the ``dp x cp`` GPUs (Megatron-Core's data-parallel group "with context
+parallelism", ``parallel_state.get_data_parallel_group(with_context_parallel=True)``).
 
 With expert parallelism (``ep > 1``) the order is Megatron-Core's default ``tp-cp-ep-dp-pp``
 (``megatron/core/parallel_state.py``, ``RankGenerator``; no CP here): PP is outermost, so the
@@ -28,7 +32,7 @@ DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 activations and the parameter copy used by the kernels in 16-bit)."""
 
 
-GroupDim = Literal["tp", "dp", "ep", "expert_dp"]
+GroupDim = Literal["tp", "cp", "dp", "ep", "expert_dp"]
 """The parallel dimensions a collective can run over."""
 
 
@@ -55,6 +59,11 @@ class ParallelConfig(NumbersNotBooleans):
         tp, pp, dp, ep: tensor, pipeline, data and expert parallel degrees; EP groups are carved
             out of the ``dp x tp`` GPUs of a stage (ep must divide dp x tp; checked by
             :func:`simtrain.moe.check_expert_parallel` against the model).
+        cp: context-parallel degree: each sequence is split over ``cp`` GPUs (not with ep > 1).
+        cp_kind: how attention sees the whole sequence (:mod:`simtrain.costs.context`): ``ring``
+            (KV blocks passed around the CP ring, overlapped with blockwise attention; Liu et al.
+            2023), ``ulysses`` (all-to-all of heads before and after attention; Jacobs et al.
+            2023) or ``allgather`` (all-gather of K and V, Llama 3 §3.3.2).
         vp: virtual stages (model chunks) per pipeline rank, for interleaved schedules.
         microbatches: microbatches per step per DP replica (m).
         microbatch_size: sequences per microbatch (b).
@@ -88,6 +97,8 @@ class ParallelConfig(NumbersNotBooleans):
     pp: int = Field(default=1, ge=1)
     dp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
+    cp: int = Field(default=1, ge=1)
+    cp_kind: Literal["ring", "ulysses", "allgather"] = "ring"
     vp: int = Field(default=1, ge=1)
     microbatches: int = Field(default=1, ge=1)
     microbatch_size: int = Field(default=1, ge=1)
@@ -106,20 +117,26 @@ class ParallelConfig(NumbersNotBooleans):
 
     @property
     def world_size(self) -> int:
-        """GPUs in the job: tp x pp x dp."""
-        return self.tp * self.pp * self.dp
+        """GPUs in the job: tp x cp x pp x dp."""
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def dtype_bytes(self) -> int:
         """Bytes per activation element in the compute dtype."""
         return DTYPE_BYTES[self.dtype]
 
-    def gpu_id(self, pp_rank: int, dp_rank: int = 0, tp_rank: int = 0) -> int:
-        """Global GPU index of (pp_rank, dp_rank, tp_rank): [TP, PP, DP] order, or [TP, DP, PP]
-        when ``ep > 1`` (see the module docstring)."""
+    def gpu_id(self, pp_rank: int, dp_rank: int = 0, tp_rank: int = 0, cp_rank: int = 0) -> int:
+        """Global GPU index of (pp_rank, dp_rank, tp_rank, cp_rank): [TP, CP, PP, DP] order, or
+        [TP, DP, PP] when ``ep > 1`` (see the module docstring)."""
         if self.ep > 1:
             return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
-        return (dp_rank * self.pp + pp_rank) * self.tp + tp_rank
+        return ((dp_rank * self.pp + pp_rank) * self.cp + cp_rank) * self.tp + tp_rank
+
+    @property
+    def dp_cp(self) -> int:
+        """GPUs holding the same parameters of a stage: ``dp x cp`` (the gradient-reduction and
+        ZeRO-sharding group)."""
+        return self.dp * self.cp
 
     @property
     def expert_dp(self) -> int:
@@ -136,8 +153,9 @@ class ParallelConfig(NumbersNotBooleans):
         """The communication group of dimension ``dim`` around ``pp_rank``'s simulated GPU.
 
         Args:
-            dim: ``tp`` (consecutive GPUs), ``ep`` (``ep`` consecutive GPUs of the stage), ``dp``
-                (the DP replicas), ``expert_dp`` (the GPUs holding the same experts, ``ep`` apart).
+            dim: ``tp`` (consecutive GPUs), ``cp`` (``cp`` TP groups, ``tp`` apart), ``ep`` (``ep``
+                consecutive GPUs of the stage), ``dp`` (the DP replicas and their CP ranks),
+                ``expert_dp`` (the GPUs holding the same experts, ``ep`` apart).
             pp_rank: pipeline rank of the simulated GPU.
             holders: for ``dp`` / ``expert_dp``, the pipeline ranks holding the reduced model
                 chunk (DualPipe keeps two copies: the group is all their replicas); default
@@ -154,12 +172,15 @@ class ParallelConfig(NumbersNotBooleans):
         first = self.gpu_id(pp_rank)
         if dim == "tp":
             return Group(dim, self.tp, (first, first + self.tp - 1))
+        if dim == "cp":
+            return Group(dim, self.cp, (first, self.gpu_id(pp_rank, cp_rank=self.cp - 1)))
         if dim == "ep":
             return Group(dim, self.ep, (first, first + self.ep - 1))
         if dim not in ("dp", "expert_dp"):
             raise ValueError(f"unknown group dimension {dim!r}")
         if dim == "expert_dp" and len(holders) == 1:
             return Group(dim, self.expert_dp, (first, first + self.ep * (self.expert_dp - 1)))
-        span = (min(self.gpu_id(h) for h in holders), max(self.gpu_id(h, self.dp - 1) for h in holders))
-        per_holder = self.dp if dim == "dp" else self.expert_dp
+        span = (min(self.gpu_id(h) for h in holders),
+                max(self.gpu_id(h, self.dp - 1, cp_rank=self.cp - 1) for h in holders))
+        per_holder = self.dp_cp if dim == "dp" else self.expert_dp
         return Group(dim, per_holder * len(holders), span)

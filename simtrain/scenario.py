@@ -195,7 +195,7 @@ def run_schedule(
     topology = Topology(hardware, parallel)
     graph = lower(schedule, costs, topology, comm=comm, waves=waves)
     result = simulate(graph)
-    tp = parallel.tp
+    tp = parallel.tp * parallel.cp  # GPUs sharing one stage's microbatch
 
     def flops_of(c) -> float:
         return c.forward_flops if parallel.forward_only else c.model_flops

@@ -42,6 +42,9 @@ def compare(
     dp: Annotated[Optional[int], typer.Option(help="data-parallel degree")] = None,
     ep: Annotated[Optional[int], typer.Option(help="expert-parallel degree (MoE; divides dp x tp)")] = None,
     vp: Annotated[Optional[int], typer.Option(help="virtual stages per rank (interleaved schedules)")] = None,
+    cp: Annotated[Optional[int], typer.Option(help="context-parallel degree (each sequence split over cp GPUs)")] = None,
+    cp_kind: Annotated[Optional[str], typer.Option(
+        help="context-parallel attention: ring (KV ring, overlapped), ulysses (all-to-all of heads), allgather")] = None,
     microbatches: Annotated[Optional[int], typer.Option(help="microbatches per step (m)")] = None,
     microbatch_size: Annotated[Optional[int], typer.Option(help="sequences per microbatch (b)")] = None,
     seq_len: Annotated[Optional[int], typer.Option(help="tokens per sequence (default: the model's)")] = None,
@@ -78,7 +81,7 @@ def compare(
     max_tasks: Annotated[int, typer.Option(help="refuse runs estimated above this many simulated tasks")] = MAX_TASKS,
 ) -> None:
     """Simulate one training step for each schedule and compare them (table + HTML dashboard)."""
-    overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
+    overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, cp=cp, cp_kind=cp_kind, microbatches=microbatches, microbatch_size=microbatch_size,
                      seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
                      a2a_links=a2a_links, forward_only=True if forward_only else None)
@@ -239,7 +242,8 @@ def _subtitle(spec: ModelSpec, hw: HardwareProfile, parallel: ParallelConfig,
     """One line of context: model, hardware, degrees, batch, dtype and the simplifications."""
     return (
         f"{spec.name} on {hw.name}: TP {parallel.tp} x PP {parallel.pp} x DP {parallel.dp}"
-        + (f" (EP {parallel.ep})" if parallel.ep > 1 else "") + ", "
+        + (f" (EP {parallel.ep})" if parallel.ep > 1 else "")
+        + (f" x CP {parallel.cp} ({parallel.cp_kind})" if parallel.cp > 1 else "") + ", "
         f"{parallel.microbatches} microbatches of {parallel.microbatch_size} x "
         f"{parallel.seq_len or spec.seq_len} tokens, {parallel.dtype}"
         + (f", op-times F,I,W = {times}" if times else "") + ("" if comm else ", no communication")

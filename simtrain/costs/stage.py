@@ -13,6 +13,7 @@ from ..models import ModelSpec
 from ..moe import check_expert_parallel, chunk_cost, gpu_layer_params, imbalance_extra_s
 from ..network import Collective
 from ..parallel import ParallelConfig
+from .context import check_context_parallel, cp_declaration
 from .layers import elementwise_s, gemm_seconds, layer_shape, linear_layers
 from .types import OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts, static_bytes_per_param
 
@@ -71,6 +72,7 @@ class LayerTerms:
         gemm_flops, attn_flops: forward GEMM and attention-score FLOPs.
         forward_s, backward_input_s, backward_weight_s: seconds of F, I (without recomputation)
             and W: GEMMs, attention and memory-bound kernels.
+        attn_forward_s, attn_backward_s: the attention-score part of F and of I (seconds).
         recompute_s: seconds the backward replays (``full``: the whole forward; ``selective``: the
             attention scores; ``none``: 0).
         activation_bytes, weight_grad_bytes: stored by F; still needed by W after I.
@@ -87,6 +89,8 @@ class LayerTerms:
     weight_grad_bytes: float
     params: float
     expert_params: float
+    attn_forward_s: float = 0.0
+    attn_backward_s: float = 0.0
 
 
 def layer_terms(st: _Setting, layer: int) -> LayerTerms:
@@ -107,11 +111,13 @@ def layer_terms(st: _Setting, layer: int) -> LayerTerms:
     else:
         act, recompute = stored * tokens, (attn_f if parallel.recompute == "selective" else 0.0)
     params, experts = gpu_layer_params(model, layer, parallel)
+    attn_b = 2 * ls.attn_flops * tokens / st.attn_b_rate
     return LayerTerms(
         gemm_flops=ls.gemm_flops * tokens, attn_flops=ls.attn_flops * tokens,
-        forward_s=gf + attn_f + ew_f, backward_input_s=gi + 2 * ls.attn_flops * tokens / st.attn_b_rate + ew_b,
+        forward_s=gf + attn_f + ew_f, backward_input_s=gi + attn_b + ew_b,
         backward_weight_s=gw, recompute_s=recompute, activation_bytes=act,
         weight_grad_bytes=ls.w_bytes * tokens, params=params, expert_params=experts,
+        attn_forward_s=attn_f, attn_backward_s=attn_b,
     )
 
 
@@ -129,6 +135,8 @@ class _Sums:
     recompute_s: float = 0.0
     params: float = 0.0
     expert_params: float = 0.0
+    attn_f_s: float = 0.0
+    attn_b_s: float = 0.0
     layer_flops: list = field(default_factory=list)
 
     def add(self, layer: int, t: LayerTerms) -> None:
@@ -144,6 +152,8 @@ class _Sums:
         self.w += t.weight_grad_bytes
         self.params += t.params
         self.expert_params += t.expert_params
+        self.attn_f_s += t.attn_forward_s
+        self.attn_b_s += t.attn_backward_s
 
 
 def _add_head(sums: _Sums, st: _Setting) -> None:
@@ -185,6 +195,7 @@ def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
     slow_f, slow_b = slow.get("F", 1.0), slow.get("B", 1.0)
     slow_i, slow_w = slow.get("I", slow_b), slow.get("W", slow_b)
     split = (slow_i, slow_w) != (slow_b, slow_b)
+    cp = cp_declaration(model, parallel, st.tokens, len(layers), sums.attn_f_s * slow_f, sums.attn_b_s * slow_i)
     return ChunkCost(
         chunk=c, layers=layers, has_embedding=has_emb, has_head=has_head,
         forward_s=sums.f_s * slow_f + extra_f,
@@ -196,6 +207,8 @@ def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
         params=sums.params, expert_params=sums.expert_params, moe=moe,
         full_backward_s=(sums.i_s + sums.recompute_s + sums.w_s) * slow_b if split else None,
         tp_forward=(tp_f,) if tp > 1 and layers else (), tp_backward=(tp_b,) if tp > 1 and layers else (),
+        cp_forward=cp.forward, cp_backward=cp.backward,
+        cp_hide_forward_s=cp.hide_forward_s, cp_hide_backward_s=cp.hide_backward_s,
     )
 
 
@@ -228,7 +241,8 @@ def stage_costs(
         )
     check_expert_parallel(model, parallel, hardware)
     s = parallel.seq_len or model.seq_len
-    tokens = parallel.microbatch_size * s
+    check_context_parallel(model, parallel, s)
+    tokens = parallel.microbatch_size * s // parallel.cp  # this GPU's share of the microbatch
     elem, dtype = parallel.dtype_bytes, parallel.dtype
     hardware.achieved_flops(dtype)  # an unknown dtype is an error even with calibrated tables
     weight_bytes = 2 if elem == 2 else 4  # 16-bit weights and gradients in mixed precision
@@ -249,14 +263,14 @@ def stage_costs(
         first += n
     optimizer_bytes = 12 if elem == 2 else 8
     optimizer_rate = hardware.optimizer_bytes_per_s or hardware.hbm_bandwidth_bytes_per_s
-    shard = parallel.dp if parallel.zero_stage >= 1 else 1
+    shard = parallel.dp_cp if parallel.zero_stage >= 1 else 1
     expert_shard = parallel.expert_dp if parallel.zero_stage >= 1 else 1
     return StageCosts(
         chunks=tuple(chunks),
         static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard),
         grad_bytes_per_param=weight_bytes,
         optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / shard / optimizer_rate,
-        tokens_per_microbatch=tokens,
+        tokens_per_microbatch=tokens * parallel.cp,
         expert_static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage,
                                                              expert_shard),
         expert_optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / expert_shard / optimizer_rate,

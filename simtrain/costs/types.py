@@ -63,6 +63,10 @@ class ChunkCost:
         moe: the chunk cut around its MoE blocks (ep > 1 and at least one MoE layer), else None.
         full_backward_s: seconds of a full backward B when it differs from I + W (a runtime whose
             split backward costs more than a full one, see ``layer_slowdown``); None means I + W.
+        cp_forward, cp_backward: the context-parallel collectives of F and of I (or B), declared
+            (:mod:`simtrain.costs.context`).
+        cp_hide_forward_s, cp_hide_backward_s: attention seconds of F / I that can hide them (ring
+            attention); the lowering exposes only what they do not hide.
     """
 
     chunk: int
@@ -84,6 +88,10 @@ class ChunkCost:
     full_backward_s: float | None = None
     tp_forward: tuple[Collective, ...] = ()
     tp_backward: tuple[Collective, ...] = ()
+    cp_forward: tuple[Collective, ...] = ()
+    cp_backward: tuple[Collective, ...] = ()
+    cp_hide_forward_s: float = 0.0
+    cp_hide_backward_s: float = 0.0
 
     @property
     def backward_s(self) -> float:
@@ -162,6 +170,8 @@ class StageCosts:
                 backward_weight_s=backward_weight_s,
                 tp_forward=(),
                 tp_backward=(),
+                cp_forward=(),
+                cp_backward=(),
                 moe=None,
                 full_backward_s=None,
             )

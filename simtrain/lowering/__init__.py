@@ -63,7 +63,7 @@ def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool 
     low.graph.static_memory_bytes = [costs.static_bytes(h) for h in held]
     reduce = comm and low.training
     holders = gradient_holders(schedule)
-    dp, zero_stage = topology.parallel.dp, topology.parallel.zero_stage
+    dp, zero_stage = topology.parallel.dp_cp, topology.parallel.zero_stage
     check_zero(schedule, zero_stage, holders)
     reducing = gradient_actions(schedule) if zero_stage >= 2 else weight_grad_finishers(schedule)
     grad_buckets = {a for a in reducing if dp * len(holders[a.stage]) > 1} if reduce else set()

@@ -128,7 +128,7 @@ def add_optimizer(low: Lowering) -> None:
     gradient reductions; under ZeRO-1 and 2 an all-gather of the updated parameters (dense over
     DP, routed experts over expert-DP; ZeRO-3 gathers them before the next step's forward)."""
     schedule, costs, topology, parallel = low.schedule, low.costs, low.topology, low.topology.parallel
-    dp = parallel.dp if low.comm else 1
+    dp = parallel.dp_cp if low.comm else 1
     last_compute: dict[int, int] = {}  # rank -> its last compute-stream task, in one pass
     for t in low.graph.tasks:
         if t.stream == "compute":

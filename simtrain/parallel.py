@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import NumbersNotBooleans
 from .hardware import Dtype
@@ -34,6 +34,38 @@ activations and the parameter copy used by the kernels in 16-bit)."""
 
 GroupDim = Literal["tp", "cp", "dp", "ep", "expert_dp"]
 """The parallel dimensions a collective can run over."""
+
+
+def parse_trainable(text: str) -> tuple[int, frozenset[int]]:
+    """Parse ``--trainable``: ``all``, ``lora:RANK`` or ``frozen-layers:LIST`` (LIST: comma-separated
+    layer indices or ``a-b`` ranges, inclusive).
+
+    Returns:
+        ``(lora_rank, frozen_layers)``: rank 0 without LoRA; the listed layers for
+        ``frozen-layers`` (empty otherwise: under LoRA every base weight is frozen).
+
+    Raises:
+        ValueError: anything else, saying what is allowed.
+    """
+    allowed = "expected all, lora:RANK (an integer >= 1) or frozen-layers:LIST (e.g. 0-15,20)"
+    kind, _, arg = text.partition(":")
+    if text == "all":
+        return 0, frozenset()
+    try:
+        if kind == "lora" and int(arg) >= 1:
+            return int(arg), frozenset()
+        if kind == "frozen-layers" and arg:
+            layers: set[int] = set()
+            for part in arg.split(","):
+                lo, dash, hi = part.partition("-")
+                first, last = int(lo), int(hi) if dash else int(lo)
+                if first < 0 or last < first:
+                    raise ValueError
+                layers.update(range(first, last + 1))
+            return 0, frozenset(layers)
+    except ValueError:
+        pass
+    raise ValueError(allowed)
 
 
 @dataclass(frozen=True)
@@ -89,6 +121,11 @@ class ParallelConfig(NumbersNotBooleans):
         waves: expert waves per MoE layer for ``+waved-ep`` schedules (None: min(4, local
             experts)).
         forward_only: simulate forward passes only (inference / RL rollout step).
+        trainable: which parameters train (:mod:`simtrain.costs.trainable`): ``all``;
+            ``lora:RANK`` (every linear layer's base weight frozen, a rank-RANK adapter trains;
+            Hu et al. 2021, "LoRA", §4); ``frozen-layers:LIST`` (the listed transformer layers,
+            e.g. ``0-15,20``, frozen). Frozen parameters have no W pass, no gradient and no
+            optimizer state.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -114,6 +151,24 @@ class ParallelConfig(NumbersNotBooleans):
     a2a_links: Literal["shared", "separate"] = "shared"
     waves: int | None = Field(default=None, ge=1)
     forward_only: bool = False
+    trainable: str = "all"
+
+    @field_validator("trainable")
+    @classmethod
+    def _trainable_valid(cls, v: str) -> str:
+        parse_trainable(v)
+        return v
+
+    @property
+    def lora_rank(self) -> int:
+        """The LoRA adapter rank (0 without LoRA)."""
+        return parse_trainable(self.trainable)[0]
+
+    @property
+    def frozen_layers(self) -> frozenset[int]:
+        """Transformer layers listed by ``frozen-layers:`` (under LoRA every base weight is frozen;
+        see :mod:`simtrain.costs.trainable`)."""
+        return parse_trainable(self.trainable)[1]
 
     @property
     def world_size(self) -> int:

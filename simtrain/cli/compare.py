@@ -51,6 +51,8 @@ def compare(
     dtype: Annotated[Optional[str], typer.Option(help="compute dtype: bf16, fp16, fp8, fp32, tf32")] = None,
     zero_stage: Annotated[Optional[int], typer.Option(help="ZeRO stage: 0, 1 (optimizer), 2 (+gradients) or 3 (+parameters, FSDP)")] = None,
     recompute: Annotated[Optional[str], typer.Option(help="activation recomputation: none, selective, full")] = None,
+    trainable: Annotated[Optional[str], typer.Option(
+        help="which weights train: all, lora:RANK, frozen-layers:LIST (e.g. 0-15,20)")] = None,
     schedules: Annotated[Optional[str], typer.Option(
         help="comma-separated schedule names; '+waved-ep' adds Waved-EP, e.g. 1f1b,1f1b+waved-ep")] = None,
     schedule_file: Annotated[Optional[Path], typer.Option(
@@ -82,7 +84,7 @@ def compare(
 ) -> None:
     """Simulate one training step for each schedule and compare them (table + HTML dashboard)."""
     overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, cp=cp, cp_kind=cp_kind, microbatches=microbatches, microbatch_size=microbatch_size,
-                     seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, waves=waves,
+                     seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, trainable=trainable, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
                      a2a_links=a2a_links, forward_only=True if forward_only else None)
     job = read_job(from_megatron, from_torchtitan, dp)

@@ -60,6 +60,8 @@ class ChunkCost:
         params: parameters held by this GPU for this chunk.
         expert_params: how many of ``params`` are routed-expert parameters sharded over EP
             (reduced over the expert-data-parallel group; 0 when ep = 1).
+        frozen_params: how many of ``params`` are frozen: no gradient, no optimizer state, no DP
+            reduction (:mod:`simtrain.costs.trainable`).
         moe: the chunk cut around its MoE blocks (ep > 1 and at least one MoE layer), else None.
         full_backward_s: seconds of a full backward B when it differs from I + W (a runtime whose
             split backward costs more than a full one, see ``layer_slowdown``); None means I + W.
@@ -84,6 +86,7 @@ class ChunkCost:
     p2p_bytes: float
     params: float
     expert_params: float = 0.0
+    frozen_params: float = 0.0
     moe: MoEChunkCost | None = None
     full_backward_s: float | None = None
     tp_forward: tuple[Collective, ...] = ()
@@ -120,6 +123,8 @@ class StageCosts:
         expert_static_bytes_per_param, expert_optimizer_s_per_param: the same for routed-expert
             parameters, whose optimizer states ZeRO-1 shards over the expert-DP group (None: as
             for the other parameters).
+        frozen_static_bytes_per_param: bytes per frozen parameter (the weight alone; sharded
+            under ZeRO-3); frozen parameters take no optimizer time.
     """
 
     chunks: tuple[ChunkCost, ...]
@@ -130,17 +135,24 @@ class StageCosts:
     fixed_op_times: bool = False
     expert_static_bytes_per_param: float | None = None
     expert_optimizer_s_per_param: float | None = None
+    frozen_static_bytes_per_param: float = 0.0
 
-    def _per_param(self, chunks, dense_rate: float, expert_rate: float | None) -> float:
-        """Sum over ``chunks`` of dense parameters x ``dense_rate`` + routed-expert parameters x
-        ``expert_rate`` (``dense_rate`` when None)."""
+    def _per_param(self, chunks, dense_rate: float, expert_rate: float | None, frozen_rate: float = 0.0) -> float:
+        """Sum over ``chunks`` of trainable dense parameters x ``dense_rate`` + routed-expert
+        parameters x ``expert_rate`` (``dense_rate`` when None) + frozen ones x ``frozen_rate``."""
         expert_rate = dense_rate if expert_rate is None else expert_rate
-        return sum((self.chunks[c].params - self.chunks[c].expert_params) * dense_rate
-                   + self.chunks[c].expert_params * expert_rate for c in chunks)
+        total = 0.0
+        for c in chunks:
+            ch = self.chunks[c]
+            total += (ch.params - ch.expert_params - ch.frozen_params) * dense_rate + ch.expert_params * expert_rate
+            if ch.frozen_params:
+                total += ch.frozen_params * frozen_rate
+        return total
 
     def static_bytes(self, chunks: set[int] | list[int]) -> float:
         """Parameter + gradient + optimizer bytes of the given chunks on one GPU."""
-        return self._per_param(chunks, self.static_bytes_per_param, self.expert_static_bytes_per_param)
+        return self._per_param(chunks, self.static_bytes_per_param, self.expert_static_bytes_per_param,
+                               self.frozen_static_bytes_per_param)
 
     def optimizer_s(self, chunks: set[int] | list[int]) -> float:
         """Seconds of the optimizer step for the given chunks on one GPU."""

@@ -93,7 +93,7 @@ def add_gradient_reduction(low: Lowering) -> None:
     in_flight: dict[int, list[int]] = {}  # rank -> its ZeRO-2/3 bucket reductions so far, in order
     for a, anchors in low.bucket_after.items():
         c, group = low.chunk[a.stage], holders[a.stage]
-        dense = (c.params - c.expert_params) * costs.grad_bytes_per_param / pieces
+        dense = (c.params - c.expert_params - c.frozen_params) * costs.grad_bytes_per_param / pieces
         experts = c.expert_params * costs.grad_bytes_per_param / pieces
         for i, piece in enumerate(anchors):
             rank = piece.rank
@@ -143,7 +143,8 @@ def add_optimizer(low: Lowering) -> None:
                             duration_s=duration, deps=deps)
         if parallel.zero_stage in (1, 2) and dp > 1:
             experts = sum(costs.chunks[c].expert_params for c in low.held[rank]) * costs.grad_bytes_per_param
-            dense = sum(costs.chunks[c].params for c in low.held[rank]) * costs.grad_bytes_per_param - experts
+            dense = sum(costs.chunks[c].params - costs.chunks[c].frozen_params
+                        for c in low.held[rank]) * costs.grad_bytes_per_param - experts
             gather = Collective("all-gather", "dp", dense)
             seconds = topology.seconds(gather, rank)
             if experts > 0:

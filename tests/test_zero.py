@@ -100,3 +100,17 @@ def test_zero_stage_4_is_an_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(app, ["compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--zero-stage", "4"])
     assert res.exit_code == 2 and "--zero-stage = 4" in res.stderr
+
+
+def test_zero_and_cp_streams_have_their_own_timeline_lane_and_colour():
+    from simtrain.viz.style import color_of, name_of
+    from simtrain.viz.timeline import timeline_figure
+
+    par = ParallelConfig(pp=2, dp=2, cp=2, cp_kind="allgather", tp=2, microbatches=2, seq_len=1024, zero_stage=3)
+    fig = timeline_figure(run_schedule("1f1b", MODEL, H100, par).result.trace)
+    bars = {t.name: t for t in fig.data}
+    for kind in ("zero", "cp"):
+        bar = bars[name_of(kind)]
+        assert bar.marker.color == color_of(kind) != color_of("unknown kind")
+        assert {y.split(" · ")[1] for y in bar.y} == {kind}  # drawn in its own lane
+    assert len({color_of(k) for k in ("zero", "cp", "dp", "tp")}) == 4

@@ -114,3 +114,19 @@ def test_zero_and_cp_streams_have_their_own_timeline_lane_and_colour():
         assert bar.marker.color == color_of(kind) != color_of("unknown kind")
         assert {y.split(" · ")[1] for y in bar.y} == {kind}  # drawn in its own lane
     assert len({color_of(k) for k in ("zero", "cp", "dp", "tp")}) == 4
+
+
+@pytest.mark.parametrize("schedule", ["dualpipev", "zbv", "interleaved-1f1b"])
+def test_zero2_and_3_run_with_pairs_split_backwards_and_chunks(schedule):
+    """Overlapped F&B pairs (DualPipeV: all bucket anchors are one task), split I/W (ZBV) and
+    virtual stages lower without deadlock; ZeRO-3 gathers before every F, B and I."""
+    for zero in (2, 3):
+        run = run_schedule(schedule, MODEL, H100, ParallelConfig(pp=2, dp=4, vp=2, microbatches=4, seq_len=1024,
+                                                                 zero_stage=zero))
+        t = run.result.trace
+        gathers = t[t["kind"] == "zero"]
+        if zero == 3:
+            actions = sum(1 for order in run.schedule.orders for act in order for a in act.parts if a.kind != "W")
+            assert len(gathers) == actions
+        else:
+            assert gathers.empty

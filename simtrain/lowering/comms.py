@@ -99,9 +99,9 @@ def add_gradient_reduction(low: Lowering) -> None:
             rank = piece.rank
             if transient:  # the bucket's unsharded gradient, from its piece's start to its reduction
                 piece.mem_start.append((rank, dense + experts))
-                earlier = in_flight.setdefault(rank, [])
-                if len(earlier) >= 2 and earlier[-2] not in piece.deps:  # two bucket buffers
-                    piece.deps.append(earlier[-2])
+                earlier = in_flight.setdefault(rank, [])  # (reduction, its piece), in order
+                if len(earlier) >= 2 and earlier[-2][1] is not piece and earlier[-2][0] not in piece.deps:
+                    piece.deps.append(earlier[-2][0])  # two bucket buffers (not within one task)
             collective = Collective(op, "dp", dense)
             seconds = topology.seconds(collective, rank, group)
             if experts > 0:
@@ -114,7 +114,7 @@ def add_gradient_reduction(low: Lowering) -> None:
             )
             buckets.setdefault(a.stage, []).append((piece, reduce))
             if transient:
-                in_flight[rank].append(reduce.tid)
+                in_flight[rank].append((reduce.tid, piece))
             low.dp_tasks.setdefault(rank, []).append(reduce)
     for stage, pairs in buckets.items():
         for other in buckets:

@@ -63,13 +63,14 @@ class Collective:
 
     Attributes:
         op: the operation.
-        dim: the parallel dimension of the group (``tp``, ``dp``, ``ep``, ``expert_dp``; ``pp`` for
+        dim: the parallel dimension of the group (``tp``, ``cp``, ``dp``, ``ep``, ``expert_dp``; ``pp`` for
             p2p); the group itself follows from :meth:`simtrain.parallel.ParallelConfig.group`.
         nbytes: bytes of the buffer (all-reduce / reduce-scatter input, all-gather output, the
             message of a p2p, everything one GPU sends in an all-to-all, local copies included).
         repeat: how many identical collectives back to back (e.g. 4 per layer x layers).
         link_bytes: for an all-to-all, bytes the GPU sends per link class (``("nvlink", b)``,
-            ``("nic", b)``); the routing model of :mod:`simtrain.moe` decides them.
+            ``("nic", b)``); the routing model of :mod:`simtrain.moe` decides them; empty: a
+            uniform all-to-all over the group, ``repeat`` times (see ``Topology._spread``).
         imbalance: for an all-to-all, what the most loaded GPU receives over the mean (>= 1).
     """
 
@@ -197,8 +198,9 @@ class Topology:
         slower link class for an all-to-all (:meth:`all_to_all`). 0 for an empty buffer or a group
         of one GPU.
         """
-        if c.op == "all-to-all":
-            return max((p.seconds() for p in self.all_to_all(c)), default=0.0)
+        if c.op == "all-to-all":  # repeat counts for a uniform one (an EP one's bytes are its whole)
+            return (1 if c.link_bytes else c.repeat) * max((p.seconds() for p in self.all_to_all(c, pp_rank)),
+                                                           default=0.0)
         if c.op == "p2p":
             return self.route(c, pp_rank, holders, peer).transfer_s(c.nbytes)
         return c.repeat * estimate_group(c.op, c.nbytes, self.hardware, self.placement(c.dim, pp_rank, holders)).time_s
@@ -216,8 +218,10 @@ class Topology:
         if dim in ("tp", "ep"):
             first = p.gpu_id(pp_rank)
             ids = [first + i for i in range(p.tp if dim == "tp" else p.ep)]
-        elif dim == "dp":
-            ids = [p.gpu_id(h, d) for h in holders for d in range(p.dp)]
+        elif dim == "cp":
+            ids = [p.gpu_id(pp_rank, cp_rank=c) for c in range(p.cp)]
+        elif dim == "dp":  # the DP replicas and their CP ranks (they hold the same parameters)
+            ids = [p.gpu_id(h, d, cp_rank=c) for h in holders for d in range(p.dp) for c in range(p.cp)]
         else:
             ids = [p.gpu_id(h) + p.ep * i for h in holders for i in range(p.expert_dp)]
         nodes = [i // per_node for i in ids]
@@ -232,7 +236,7 @@ class Topology:
         nvlink, nic = self.a2a_routes(pp_rank)
         routes = {"nvlink": nvlink, "nic": nic}
         parts = []
-        for link, nbytes in c.link_bytes:
+        for link, nbytes in c.link_bytes or self._spread(c, pp_rank):
             route = routes[link]
             if nbytes > 0:
                 bw = route.bandwidth_bytes_per_s * route.link.collective_efficiency
@@ -240,6 +244,20 @@ class Topology:
                     bw = min(bw, FORWARD_CEILING_BYTES_PER_S)  # DeepEP's internode forwarding leg
                 parts.append(A2APart(link, nbytes, route.link.latency_s, nbytes * c.imbalance / bw))
         return tuple(parts)
+
+    def _spread(self, c: Collective, pp_rank: int) -> tuple[tuple[str, float], ...]:
+        """Link bytes of a uniform all-to-all over the group of ``c.dim`` (e.g. Ulysses over CP):
+        of the ``nbytes`` a GPU holds, 1/n stays local, 1/n goes to each other member, over NVLink
+        to those on its node and over the NICs to the others. The group's members are evenly
+        spaced GPU ids from its span."""
+        group = self.parallel.group(c.dim, pp_rank)
+        n, (lo, hi) = group.size, group.span
+        if n <= 1:
+            return ()
+        stride = (hi - lo) // (n - 1)
+        per_node = self.hardware.gpus_per_node
+        local = sum(1 for i in range(n) if (lo + i * stride) // per_node == lo // per_node)
+        return (("nvlink", c.nbytes * (local - 1) / n), ("nic", c.nbytes * (n - local) / n))
 
     def processor_pools(self, num_ranks: int) -> tuple[dict[int, str], dict[str, float]]:
         """Which pipeline ranks share processors, for nodes running more ranks than processors.

@@ -1,10 +1,14 @@
 """Parallel configuration: how one training step is split over GPUs.
 
-The GPUs of one job are ``tp x pp x dp``. Rank numbering follows the Llama 3 paper's order
-[TP, CP, PP, DP] (Dubey et al. 2024, arXiv:2407.21783 §3.3.2; no CP here): TP is innermost, so a
-TP group sits inside one node when ``tp <= gpus_per_node``; consecutive pipeline stages are the
-next TP groups; DP is outermost. GPU ``g = (dp_idx * pp + pp_idx) * tp + tp_idx`` sits on node
-``g // gpus_per_node``.
+The GPUs of one job are ``tp x cp x pp x dp``. Rank numbering follows the Llama 3 paper's order
+[TP, CP, PP, DP] (Dubey et al. 2024, arXiv:2407.21783 §3.3.2): TP is innermost, so a TP group
+sits inside one node when ``tp <= gpus_per_node``; the context-parallel group is the next ``cp``
+TP groups (inside one node when ``tp x cp <= gpus_per_node``: CP placed inside a node first);
+consecutive pipeline stages follow; DP is outermost. GPU
+``g = ((dp_idx * pp + pp_idx) * cp + cp_idx) * tp + tp_idx`` sits on node ``g // gpus_per_node``.
+The CP ranks of a stage hold the same parameters, so gradients are reduced (and ZeRO states
+sharded) over the ``dp x cp`` GPUs (Megatron-Core's data-parallel group "with context
+parallelism", ``parallel_state.get_data_parallel_group(with_context_parallel=True)``).
 
 With expert parallelism (``ep > 1``), or ``rank_order: tp-dp-pp``, the order is Megatron-Core's default ``tp-cp-ep-dp-pp``
 (``megatron/core/parallel_state.py``, ``RankGenerator``; no CP here): PP is outermost, so the
@@ -18,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import NumbersNotBooleans
 from .hardware import Dtype
@@ -28,8 +32,40 @@ DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 activations and the parameter copy used by the kernels in 16-bit)."""
 
 
-GroupDim = Literal["tp", "dp", "ep", "expert_dp"]
+GroupDim = Literal["tp", "cp", "dp", "ep", "expert_dp"]
 """The parallel dimensions a collective can run over."""
+
+
+def parse_trainable(text: str) -> tuple[int, frozenset[int]]:
+    """Parse ``--trainable``: ``all``, ``lora:RANK`` or ``frozen-layers:LIST`` (LIST: comma-separated
+    layer indices or ``a-b`` ranges, inclusive).
+
+    Returns:
+        ``(lora_rank, frozen_layers)``: rank 0 without LoRA; the listed layers for
+        ``frozen-layers`` (empty otherwise: under LoRA every base weight is frozen).
+
+    Raises:
+        ValueError: anything else, saying what is allowed.
+    """
+    allowed = "expected all, lora:RANK (an integer >= 1) or frozen-layers:LIST (e.g. 0-15,20)"
+    kind, _, arg = text.partition(":")
+    if text == "all":
+        return 0, frozenset()
+    try:
+        if kind == "lora" and int(arg) >= 1:
+            return int(arg), frozenset()
+        if kind == "frozen-layers" and arg:
+            layers: set[int] = set()
+            for part in arg.split(","):
+                lo, dash, hi = part.partition("-")
+                first, last = int(lo), int(hi) if dash else int(lo)
+                if first < 0 or last < first:
+                    raise ValueError
+                layers.update(range(first, last + 1))
+            return 0, frozenset(layers)
+    except ValueError:
+        pass
+    raise ValueError(allowed)
 
 
 @dataclass(frozen=True)
@@ -55,12 +91,20 @@ class ParallelConfig(NumbersNotBooleans):
         tp, pp, dp, ep: tensor, pipeline, data and expert parallel degrees; EP groups are carved
             out of the ``dp x tp`` GPUs of a stage (ep must divide dp x tp; checked by
             :func:`simtrain.moe.check_expert_parallel` against the model).
+        cp: context-parallel degree: each sequence is split over ``cp`` GPUs (not with ep > 1).
+        cp_kind: how attention sees the whole sequence (:mod:`simtrain.costs.context`): ``ring``
+            (KV blocks passed around the CP ring, overlapped with blockwise attention; Liu et al.
+            2023), ``ulysses`` (all-to-all of heads before and after attention; Jacobs et al.
+            2023) or ``allgather`` (all-gather of K and V, Llama 3 §3.3.2).
         vp: virtual stages (model chunks) per pipeline rank, for interleaved schedules.
         microbatches: microbatches per step per DP replica (m).
         microbatch_size: sequences per microbatch (b).
         seq_len: tokens per sequence (s); None means the model's default.
         dtype: compute dtype of the GEMMs (selects the profile's peak rate).
-        zero_stage: 0 (plain DP) or 1 (optimizer states sharded over DP, Rajbhandari et al. 2020).
+        zero_stage: ZeRO stage (Rajbhandari et al. 2020, "ZeRO", §5): 0 plain DP; 1 optimizer
+            states sharded over DP; 2 also gradients (reduce-scattered after every backward); 3
+            also parameters (FSDP: all-gathered per layer before each F and B, see
+            :mod:`simtrain.lowering.zero`).
         recompute: activation recomputation (Korthikanti et al. 2022): ``none`` stores everything,
             ``selective`` recomputes attention scores (what FlashAttention gives for free),
             ``full`` stores only each layer's input and reruns its forward in the backward.
@@ -81,6 +125,11 @@ class ParallelConfig(NumbersNotBooleans):
             or ``tp-dp-pp`` (PP outermost: Megatron-Core's order with EP, and DeepSpeed's
             ``PipeModelDataParallelTopology``, axes ``['pipe', 'data', 'model']``, which BLOOM's
             Megatron-DeepSpeed uses). None: ``tp-dp-pp`` when ``ep > 1``, else ``tp-pp-dp``.
+        trainable: which parameters train (:mod:`simtrain.costs.trainable`): ``all``;
+            ``lora:RANK`` (every linear layer's base weight frozen, a rank-RANK adapter trains;
+            Hu et al. 2021, "LoRA", §4); ``frozen-layers:LIST`` (the listed transformer layers,
+            e.g. ``0-15,20``, frozen). Frozen parameters have no W pass, no gradient and no
+            optimizer state.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -89,12 +138,14 @@ class ParallelConfig(NumbersNotBooleans):
     pp: int = Field(default=1, ge=1)
     dp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
+    cp: int = Field(default=1, ge=1)
+    cp_kind: Literal["ring", "ulysses", "allgather"] = "ring"
     vp: int = Field(default=1, ge=1)
     microbatches: int = Field(default=1, ge=1)
     microbatch_size: int = Field(default=1, ge=1)
     seq_len: int | None = Field(default=None, ge=1)
     dtype: Dtype = "bf16"
-    zero_stage: Literal[0, 1] = 0
+    zero_stage: Literal[0, 1, 2, 3] = 0
     recompute: Literal["none", "selective", "full"] = "selective"
     sequence_parallel: bool = True
     dp_buckets: int = Field(default=4, ge=1)
@@ -112,23 +163,47 @@ class ParallelConfig(NumbersNotBooleans):
             raise ValueError("rank_order 'tp-pp-dp' cannot carve EP groups out of a stage's GPUs; "
                              "use 'tp-dp-pp' (the default with ep > 1)")
         return self
+    trainable: str = "all"
+
+    @field_validator("trainable")
+    @classmethod
+    def _trainable_valid(cls, v: str) -> str:
+        parse_trainable(v)
+        return v
+
+    @property
+    def lora_rank(self) -> int:
+        """The LoRA adapter rank (0 without LoRA)."""
+        return parse_trainable(self.trainable)[0]
+
+    @property
+    def frozen_layers(self) -> frozenset[int]:
+        """Transformer layers listed by ``frozen-layers:`` (under LoRA every base weight is frozen;
+        see :mod:`simtrain.costs.trainable`)."""
+        return parse_trainable(self.trainable)[1]
 
     @property
     def world_size(self) -> int:
-        """GPUs in the job: tp x pp x dp."""
-        return self.tp * self.pp * self.dp
+        """GPUs in the job: tp x cp x pp x dp."""
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def dtype_bytes(self) -> int:
         """Bytes per activation element in the compute dtype."""
         return DTYPE_BYTES[self.dtype]
 
-    def gpu_id(self, pp_rank: int, dp_rank: int = 0, tp_rank: int = 0) -> int:
-        """Global GPU index of (pp_rank, dp_rank, tp_rank): [TP, PP, DP] order, or [TP, DP, PP]
-        when ``ep > 1`` or ``rank_order`` says so (see the module docstring)."""
+    def gpu_id(self, pp_rank: int, dp_rank: int = 0, tp_rank: int = 0, cp_rank: int = 0) -> int:
+        """Global GPU index of (pp_rank, dp_rank, tp_rank, cp_rank): [TP, CP, PP, DP] order, or
+        [TP, CP, DP, PP] when ``ep > 1`` or ``rank_order`` says so (see the module docstring)."""
         if self.ep > 1 or self.rank_order == "tp-dp-pp":
-            return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
-        return (dp_rank * self.pp + pp_rank) * self.tp + tp_rank
+            return ((pp_rank * self.dp + dp_rank) * self.cp + cp_rank) * self.tp + tp_rank
+        return ((dp_rank * self.pp + pp_rank) * self.cp + cp_rank) * self.tp + tp_rank
+
+    @property
+    def dp_cp(self) -> int:
+        """GPUs holding the same parameters of a stage: ``dp x cp`` (the gradient-reduction and
+        ZeRO-sharding group)."""
+        return self.dp * self.cp
 
     @property
     def expert_dp(self) -> int:
@@ -145,8 +220,9 @@ class ParallelConfig(NumbersNotBooleans):
         """The communication group of dimension ``dim`` around ``pp_rank``'s simulated GPU.
 
         Args:
-            dim: ``tp`` (consecutive GPUs), ``ep`` (``ep`` consecutive GPUs of the stage), ``dp``
-                (the DP replicas), ``expert_dp`` (the GPUs holding the same experts, ``ep`` apart).
+            dim: ``tp`` (consecutive GPUs), ``cp`` (``cp`` TP groups, ``tp`` apart), ``ep`` (``ep``
+                consecutive GPUs of the stage), ``dp`` (the DP replicas and their CP ranks),
+                ``expert_dp`` (the GPUs holding the same experts, ``ep`` apart).
             pp_rank: pipeline rank of the simulated GPU.
             holders: for ``dp`` / ``expert_dp``, the pipeline ranks holding the reduced model
                 chunk (DualPipe keeps two copies: the group is all their replicas); default
@@ -163,12 +239,15 @@ class ParallelConfig(NumbersNotBooleans):
         first = self.gpu_id(pp_rank)
         if dim == "tp":
             return Group(dim, self.tp, (first, first + self.tp - 1))
+        if dim == "cp":
+            return Group(dim, self.cp, (first, self.gpu_id(pp_rank, cp_rank=self.cp - 1)))
         if dim == "ep":
             return Group(dim, self.ep, (first, first + self.ep - 1))
         if dim not in ("dp", "expert_dp"):
             raise ValueError(f"unknown group dimension {dim!r}")
         if dim == "expert_dp" and len(holders) == 1:
             return Group(dim, self.expert_dp, (first, first + self.ep * (self.expert_dp - 1)))
-        span = (min(self.gpu_id(h) for h in holders), max(self.gpu_id(h, self.dp - 1) for h in holders))
-        per_holder = self.dp if dim == "dp" else self.expert_dp
+        span = (min(self.gpu_id(h) for h in holders),
+                max(self.gpu_id(h, self.dp - 1, cp_rank=self.cp - 1) for h in holders))
+        per_holder = self.dp_cp if dim == "dp" else self.expert_dp
         return Group(dim, per_holder * len(holders), span)

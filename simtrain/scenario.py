@@ -141,8 +141,8 @@ def check_static_memory(costs: StageCosts, schedule: Schedule, hardware: Hardwar
         need = costs.static_bytes({schedule.chunk_of(s) for s in schedule.stages_of(rank)})
         if need > hardware.hbm_bytes:
             hint = "raise --tp or --pp"
-            if parallel is not None and parallel.zero_stage == 0 and parallel.dp > 1:
-                hint += ", or use --zero-stage 1"
+            if parallel is not None and parallel.zero_stage < 3 and parallel.dp > 1:
+                hint += f", or use --zero-stage {parallel.zero_stage + 1}"
             raise SimtrainError(
                 f"{where}: does not fit in HBM: pipeline rank {rank} needs {need / GiB:.1f} GiB for "
                 f"parameters, gradients and optimizer states alone, and {hardware.name} has "
@@ -214,7 +214,7 @@ def _run_schedule(
     topology = Topology(hardware, parallel)
     graph = lower(schedule, costs, topology, comm=comm, waves=waves)
     result = simulate(graph)
-    tp = parallel.tp
+    tp = parallel.tp * parallel.cp  # GPUs sharing one stage's microbatch
 
     def flops_of(c) -> float:
         return c.forward_flops if parallel.forward_only else c.model_flops

@@ -64,3 +64,22 @@ def test_missing_malformed_unknown(tmp_path):
         load_profile("tpu-v9")
     with pytest.raises(SimtrainError, match=r"no peak_tflops for dtype 'fp8'"):
         load_profile("a100-sxm-80gb").achieved_flops("fp8")
+
+
+def test_issue16_profiles_from_their_datasheets():
+    """GB200 NVL72, B300, V100 SXM2 and H100 PCIe (numbers from the datasheets their ``source``
+    cites; dense = half of the sparse rates)."""
+    from simtrain.network import Collective, Topology
+    from simtrain.parallel import ParallelConfig
+
+    gb = load_profile("gb200-nvl72")
+    assert gb.gpus_per_node == 72 and gb.peak_flops["bf16"] == 2500e12
+    # a DP group of 64 GPUs (tp 1, pp 1) stays inside the 72-GPU NVLink domain
+    topo = Topology(gb, ParallelConfig(dp=64))
+    assert topo.route(Collective("all-reduce", "dp", 1.0), 0).link.name.startswith("NVLink 5")
+    assert load_profile("b300").nic_bandwidth_per_gpu_bytes_per_s == 100e9
+    assert load_profile("h100-pcie").intra_node.bandwidth_bytes_per_s == 64e9
+    v100 = load_profile("v100-sxm2")
+    assert v100.intra_node.peer_bandwidth_bytes_per_s == 25e9 and "bf16" not in v100.peak_flops
+    with pytest.raises(SimtrainError, match="no peak_tflops for dtype 'bf16'"):
+        v100.achieved_flops("bf16")

@@ -87,19 +87,3 @@ def test_parallel_config_derives_the_groups_once():
     assert p.group("dp", 0, holders=(0, 1)) == Group("dp", 8, (0, 14))
     assert ParallelConfig(tp=2, pp=2, dp=4).dp_stride == 4  # dense: [TP, PP, DP], replicas pp x tp apart
     with pytest.raises(ValueError):
-        p.group("cp", 0)
-
-
-def test_rank_order_pp_outermost_sends_every_pipeline_hop_across_nodes():
-    """DeepSpeed's PipeModelDataParallelTopology (axes pipe, data, model) numbers PP outermost:
-    with tp 4 and dp 8, stage k's first GPU is 32 k, so consecutive stages never share a node."""
-    default = ParallelConfig(tp=4, pp=12, dp=8)
-    outer = ParallelConfig(tp=4, pp=12, dp=8, rank_order="tp-dp-pp")
-    assert [outer.gpu_id(k) for k in range(3)] == [0, 32, 64] and outer.dp_stride == 4
-    assert [default.gpu_id(k) for k in range(3)] == [0, 4, 8] and default.dp_stride == 48
-    links = {name: Topology(H100, par).p2p(0, 1).link for name, par in (("default", default), ("outer", outer))}
-    assert links["default"] is H100.intra_node and links["outer"] is H100.inter_node
-    # the DP group of a stage now sits in 4 nodes instead of spanning 48
-    assert outer.group("dp", 0).span == (0, 28) and default.group("dp", 0).span == (0, 336)
-    with pytest.raises(ValueError, match="rank_order"):
-        ParallelConfig(tp=2, dp=2, ep=2, rank_order="tp-pp-dp")

@@ -42,14 +42,19 @@ def compare(
     dp: Annotated[Optional[int], typer.Option(help="data-parallel degree")] = None,
     ep: Annotated[Optional[int], typer.Option(help="expert-parallel degree (MoE; divides dp x tp)")] = None,
     vp: Annotated[Optional[int], typer.Option(help="virtual stages per rank (interleaved schedules)")] = None,
+    cp: Annotated[Optional[int], typer.Option(help="context-parallel degree (each sequence split over cp GPUs)")] = None,
+    cp_kind: Annotated[Optional[str], typer.Option(
+        help="context-parallel attention: ring (KV ring, overlapped), ulysses (all-to-all of heads), allgather")] = None,
     microbatches: Annotated[Optional[int], typer.Option(help="microbatches per step (m)")] = None,
     microbatch_size: Annotated[Optional[int], typer.Option(help="sequences per microbatch (b)")] = None,
     seq_len: Annotated[Optional[int], typer.Option(help="tokens per sequence (default: the model's)")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="compute dtype: bf16, fp16, fp8, fp32, tf32")] = None,
-    zero_stage: Annotated[Optional[int], typer.Option(help="ZeRO stage: 0 or 1")] = None,
+    zero_stage: Annotated[Optional[int], typer.Option(help="ZeRO stage: 0, 1 (optimizer), 2 (+gradients) or 3 (+parameters, FSDP)")] = None,
     recompute: Annotated[Optional[str], typer.Option(
         help="activation recomputation: none, selective, full, or (--cost-model ops) operators MODULE,MODULE,... "
              "e.g. norm,mla_up,swiglu (memory is then kept as for none)")] = None,
+    trainable: Annotated[Optional[str], typer.Option(
+        help="which weights train: all, lora:RANK, frozen-layers:LIST (e.g. 0-15,20)")] = None,
     cost_model: Annotated[str, typer.Option(
         help="compute cost model: auto (ops where the profile has kernel tables, else flat), flat (one GEMM "
              "efficiency) or ops (per-operator rooflines from kernel tables)")] = "auto",
@@ -91,8 +96,8 @@ def compare(
     """Simulate one training step for each schedule and compare them (table + HTML dashboard)."""
     modules = recompute_modules(recompute)
     recompute = "none" if modules else recompute
-    overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
-                     seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, waves=waves,
+    overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, cp=cp, cp_kind=cp_kind, microbatches=microbatches, microbatch_size=microbatch_size,
+                     seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, trainable=trainable, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
                      a2a_links=a2a_links, forward_only=True if forward_only else None)
     job = read_job(from_megatron, from_torchtitan, dp)
@@ -269,7 +274,8 @@ def _subtitle(spec: ModelSpec, hw: HardwareProfile, parallel: ParallelConfig,
     """One line of context: model, hardware, degrees, batch, dtype and the simplifications."""
     return (
         f"{spec.name} on {hw.name}: TP {parallel.tp} x PP {parallel.pp} x DP {parallel.dp}"
-        + (f" (EP {parallel.ep})" if parallel.ep > 1 else "") + ", "
+        + (f" (EP {parallel.ep})" if parallel.ep > 1 else "")
+        + (f" x CP {parallel.cp} ({parallel.cp_kind})" if parallel.cp > 1 else "") + ", "
         f"{parallel.microbatches} microbatches of {parallel.microbatch_size} x "
         f"{parallel.seq_len or spec.seq_len} tokens, {parallel.dtype}"
         + (f", op-times F,I,W = {times}" if times else "") + ("" if comm else ", no communication")

@@ -26,7 +26,8 @@ Table 1, ``M_W`` = 32sbh for GPT): the input of every linear layer plus the grad
 
 Static memory per parameter (Rajbhandari et al. 2020, "ZeRO", §3.1): mixed-precision Adam keeps
 a 16-bit parameter and gradient (2 + 2 bytes) and fp32 master weights, momentum and variance
-(K = 12 bytes); ZeRO stage 1 divides the K bytes by the DP degree. In fp32 training the parameter
+(K = 12 bytes); ZeRO stage 1 divides the K bytes by the DP degree, stage 2 also the gradient and
+stage 3 also the parameter (§5, :func:`~simtrain.costs.types.static_bytes_per_param`). In fp32 training the parameter
 and gradient take 4 bytes each and the optimizer 8.
 
 Tensor parallelism (Megatron-LM, Shoeybi et al. 2019; sequence parallelism, Korthikanti et al.

@@ -13,8 +13,10 @@ from ..models import ModelSpec
 from ..moe import check_expert_parallel, chunk_cost, gpu_layer_params, imbalance_extra_s
 from ..network import Collective
 from ..parallel import ParallelConfig
+from .context import check_context_parallel, cp_declaration
+from .trainable import check_trainable, is_frozen, layer_adapter
 from .layers import elementwise_s, gemm_seconds, layer_shape, linear_layers
-from .types import OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts
+from .types import OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts, static_bytes_per_param
 
 def split_layers(num_layers: int, num_chunks: int) -> list[int]:
     """Layers per chunk: as even as possible, extra layers to the middle chunks first.
@@ -71,10 +73,13 @@ class LayerTerms:
         gemm_flops, attn_flops: forward GEMM and attention-score FLOPs.
         forward_s, backward_input_s, backward_weight_s: seconds of F, I (without recomputation)
             and W: GEMMs, attention and memory-bound kernels.
+        attn_forward_s, attn_backward_s: the attention-score part of F and of I (seconds).
         recompute_s: seconds the backward replays (``full``: the whole forward; ``selective``: the
             attention scores; ``none``: 0).
         activation_bytes, weight_grad_bytes: stored by F; still needed by W after I.
         params, expert_params: parameters on this GPU, and how many are routed-expert ones.
+        weight_gemm_flops: GEMM FLOPs of W (0 for frozen weights; LoRA adapters' only).
+        frozen_params: how many of ``params`` are frozen (:mod:`simtrain.costs.trainable`).
     """
 
     gemm_flops: float
@@ -87,6 +92,10 @@ class LayerTerms:
     weight_grad_bytes: float
     params: float
     expert_params: float
+    attn_forward_s: float = 0.0
+    attn_backward_s: float = 0.0
+    weight_gemm_flops: float = 0.0
+    frozen_params: float = 0.0
 
 
 def layer_terms(st: _Setting, layer: int) -> LayerTerms:
@@ -98,6 +107,9 @@ def layer_terms(st: _Setting, layer: int) -> LayerTerms:
     attn_f = ls.attn_flops * tokens / st.attn_f_rate
     ew_f = elementwise_s({k: v * tokens for k, v in ls.ew_forward.items()}, st.hardware)
     ew_b = elementwise_s({k: v * tokens for k, v in ls.ew_backward.items()}, st.hardware)
+    frozen, ad = is_frozen(parallel, layer), layer_adapter(model, layer, parallel, tokens, st.hardware)
+    gf, gi = gf + ad.forward_s, gi + ad.backward_input_s
+    gw = ad.backward_weight_s + (0.0 if frozen else gw)
     # without sequence parallelism the shared bytes are whole on every TP rank, the rest split by tp
     replicated = 0.0 if parallel.sequence_parallel else 1.0 - 1.0 / tp
     stored = ls.act_bytes + ls.shared_bytes * replicated + (ls.score_bytes if parallel.recompute == "none" else 0.0)
@@ -105,13 +117,18 @@ def layer_terms(st: _Setting, layer: int) -> LayerTerms:
         act = ls.input_bytes * (1 if parallel.sequence_parallel else tp) * tokens
         recompute = gf + attn_f + ew_f
     else:
-        act, recompute = stored * tokens, (attn_f if parallel.recompute == "selective" else 0.0)
+        act, recompute = stored * tokens + ad.activation_bytes, (attn_f if parallel.recompute == "selective" else 0.0)
     params, experts = gpu_layer_params(model, layer, parallel)
+    attn_b = 2 * ls.attn_flops * tokens / st.attn_b_rate
+    gemm = ls.gemm_flops * tokens
     return LayerTerms(
-        gemm_flops=ls.gemm_flops * tokens, attn_flops=ls.attn_flops * tokens,
-        forward_s=gf + attn_f + ew_f, backward_input_s=gi + 2 * ls.attn_flops * tokens / st.attn_b_rate + ew_b,
+        gemm_flops=gemm + ad.flops, attn_flops=ls.attn_flops * tokens,
+        forward_s=gf + attn_f + ew_f, backward_input_s=gi + attn_b + ew_b,
         backward_weight_s=gw, recompute_s=recompute, activation_bytes=act,
-        weight_grad_bytes=ls.w_bytes * tokens, params=params, expert_params=experts,
+        weight_grad_bytes=0.0 if frozen and not ad.params else ls.w_bytes * tokens,
+        params=params + ad.params, expert_params=experts,
+        attn_forward_s=attn_f, attn_backward_s=attn_b,
+        weight_gemm_flops=ad.flops + (0.0 if frozen else gemm), frozen_params=params if frozen else 0.0,
     )
 
 
@@ -129,6 +146,10 @@ class _Sums:
     recompute_s: float = 0.0
     params: float = 0.0
     expert_params: float = 0.0
+    attn_f_s: float = 0.0
+    attn_b_s: float = 0.0
+    w_gemm: float = 0.0
+    frozen_params: float = 0.0
     layer_flops: list = field(default_factory=list)
 
     def add(self, layer: int, t: LayerTerms) -> None:
@@ -144,24 +165,32 @@ class _Sums:
         self.w += t.weight_grad_bytes
         self.params += t.params
         self.expert_params += t.expert_params
+        self.w_gemm += t.weight_gemm_flops
+        self.frozen_params += t.frozen_params
+        self.attn_f_s += t.attn_forward_s
+        self.attn_b_s += t.attn_backward_s
 
 
 def _add_head(sums: _Sums, st: _Setting) -> None:
     """The LM head and loss: parameters (and the last stage's own copy of a tied matrix), the
     head GEMM, the final norm and the fp32 softmax cross-entropy (F 2v, backward 3v), and what
-    they store: norm and head input, fp32 logits (Korthikanti et al. 2022 §4.3)."""
+    they store: norm and head input, fp32 logits (Korthikanti et al. 2022 §4.3). Under LoRA the
+    head is frozen: no W, no gradient (:mod:`simtrain.costs.trainable`)."""
     model, tokens, elem, tp, hw = st.model, st.tokens, st.elem, st.parallel.tp, st.hardware
     h, v = model.hidden_size, model.vocab_size
-    sums.params += model.head_params() / tp
-    if model.tied_embeddings and st.num_chunks > 1:
-        sums.params += v * h / tp
+    frozen = st.parallel.lora_rank > 0
+    params = model.head_params() / tp + (v * h / tp if model.tied_embeddings and st.num_chunks > 1 else 0.0)
+    sums.params += params
+    sums.frozen_params += params if frozen else 0.0
     sums.gemm += 2 * h * v / tp * tokens
+    sums.w_gemm += 0.0 if frozen else 2 * h * v / tp * tokens
     gf, gi, gw = gemm_seconds([(h, v, 1.0)], tokens, tp, h, hw, st.parallel.dtype)
+    gw = 0.0 if frozen else gw
     ew_f = elementwise_s(dict(norm=tokens * 2 * h * elem / tp, activation=tokens * 2 * 4 * v / tp), hw)
     ew_b = elementwise_s(dict(norm=tokens * 3 * h * elem / tp, activation=tokens * 3 * 4 * v / tp), hw)
     sums.f_s, sums.i_s, sums.w_s = sums.f_s + gf + ew_f, sums.i_s + gi + ew_b, sums.w_s + gw
     sums.act += tokens * (2 * h * elem / tp + 4 * v / tp)
-    sums.w += tokens * (h + v / tp) * elem
+    sums.w += 0.0 if frozen else tokens * (h + v / tp) * elem
 
 
 def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
@@ -173,9 +202,10 @@ def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
         sums.add(layer, layer_terms(st, layer))
     if has_emb:
         sums.params += model.embedding_params() / tp
+        sums.frozen_params += model.embedding_params() / tp if parallel.lora_rank else 0.0
     if has_head:
         _add_head(sums, st)
-    sums.w_s += elementwise_s(dict(add=st.accumulate * sums.params), st.hardware)
+    sums.w_s += elementwise_s(dict(add=st.accumulate * (sums.params - sums.frozen_params)), st.hardware)
     tp_f = Collective(st.tp_op, "tp", st.hidden_bytes, repeat=st.tp_per_layer * len(layers))
     tp_b = replace(tp_f, repeat=tp_f.repeat * (2 if parallel.recompute == "full" else 1))
     head_flops = 2 * model.hidden_size * model.vocab_size / tp * st.tokens if has_head else 0.0
@@ -185,17 +215,20 @@ def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
     slow_f, slow_b = slow.get("F", 1.0), slow.get("B", 1.0)
     slow_i, slow_w = slow.get("I", slow_b), slow.get("W", slow_b)
     split = (slow_i, slow_w) != (slow_b, slow_b)
+    cp = cp_declaration(model, parallel, st.tokens, len(layers), sums.attn_f_s * slow_f, sums.attn_b_s * slow_i)
     return ChunkCost(
         chunk=c, layers=layers, has_embedding=has_emb, has_head=has_head,
         forward_s=sums.f_s * slow_f + extra_f,
         backward_input_s=(sums.i_s + sums.recompute_s) * slow_i + extra_i,
         backward_weight_s=sums.w_s * slow_w + extra_w,
         forward_flops=sums.gemm + sums.attn, backward_input_flops=sums.gemm + 2 * sums.attn,
-        backward_weight_flops=sums.gemm, activation_bytes=sums.act, weight_grad_bytes=sums.w,
+        backward_weight_flops=sums.w_gemm, activation_bytes=sums.act, weight_grad_bytes=sums.w,
         p2p_bytes=st.hidden_bytes / (tp if parallel.sequence_parallel else 1),
-        params=sums.params, expert_params=sums.expert_params, moe=moe,
+        params=sums.params, expert_params=sums.expert_params, frozen_params=sums.frozen_params, moe=moe,
         full_backward_s=(sums.i_s + sums.recompute_s + sums.w_s) * slow_b if split else None,
         tp_forward=(tp_f,) if tp > 1 and layers else (), tp_backward=(tp_b,) if tp > 1 and layers else (),
+        cp_forward=cp.forward, cp_backward=cp.backward,
+        cp_hide_forward_s=cp.hide_forward_s, cp_hide_backward_s=cp.hide_backward_s,
     )
 
 
@@ -228,7 +261,9 @@ def stage_costs(
         )
     check_expert_parallel(model, parallel, hardware)
     s = parallel.seq_len or model.seq_len
-    tokens = parallel.microbatch_size * s
+    check_context_parallel(model, parallel, s)
+    check_trainable(model, parallel)
+    tokens = parallel.microbatch_size * s // parallel.cp  # this GPU's share of the microbatch
     elem, dtype = parallel.dtype_bytes, parallel.dtype
     hardware.achieved_flops(dtype)  # an unknown dtype is an error even with calibrated tables
     weight_bytes = 2 if elem == 2 else 4  # 16-bit weights and gradients in mixed precision
@@ -249,15 +284,17 @@ def stage_costs(
         first += n
     optimizer_bytes = 12 if elem == 2 else 8
     optimizer_rate = hardware.optimizer_bytes_per_s or hardware.hbm_bandwidth_bytes_per_s
-    shard = parallel.dp if parallel.zero_stage >= 1 else 1
+    shard = parallel.dp_cp if parallel.zero_stage >= 1 else 1
     expert_shard = parallel.expert_dp if parallel.zero_stage >= 1 else 1
     return StageCosts(
         chunks=tuple(chunks),
-        static_bytes_per_param=2 * weight_bytes + optimizer_bytes / shard,
+        static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard),
         grad_bytes_per_param=weight_bytes,
         optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / shard / optimizer_rate,
-        tokens_per_microbatch=tokens,
-        expert_static_bytes_per_param=2 * weight_bytes + optimizer_bytes / expert_shard,
+        tokens_per_microbatch=tokens * parallel.cp,
+        frozen_static_bytes_per_param=weight_bytes / (shard if parallel.zero_stage >= 3 else 1),
+        expert_static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage,
+                                                             expert_shard),
         expert_optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / expert_shard / optimizer_rate,
         tied_embedding_params=model.vocab_size * model.hidden_size / tp
         if model.tied_embeddings and num_chunks > 1 else 0.0,

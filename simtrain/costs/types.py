@@ -16,6 +16,30 @@ read; master weight, m, v, 16-bit weight written): the step is memory-bound, at 
 or a calibrated profile's measured optimizer rate (``compute.optimizer_gb_per_s``)."""
 
 
+def static_bytes_per_param(weight_bytes: float, optimizer_bytes: float, zero_stage: int, shard: int) -> float:
+    """HBM bytes per parameter for the parameter, its gradient and its optimizer states.
+
+    Rajbhandari et al. 2020, "ZeRO", §5.1-5.3 (Figure 1): with ``Psi`` parameters, a 16-bit
+    parameter and gradient (2 + 2 bytes) and ``K`` optimizer bytes, stage 0 keeps ``2+2+K``,
+    stage 1 ``2+2+K/N``, stage 2 ``2+(2+K)/N`` and stage 3 ``(2+2+K)/N`` per parameter for a
+    shard group of N GPUs. (Unsharded buffers of stages 2 and 3, gathered parameters and the
+    gradient of one backward, are transient memory: :mod:`simtrain.lowering.zero`.)
+
+    Args:
+        weight_bytes: bytes of a parameter (and of its gradient) in the compute copy.
+        optimizer_bytes: optimizer bytes per parameter (K; 12 for mixed-precision Adam).
+        zero_stage: 0 to 3.
+        shard: GPUs the sharded states are split over (the DP degree, or expert-DP).
+
+    Returns:
+        Bytes per parameter.
+    """
+    n = shard if zero_stage >= 1 else 1
+    params = weight_bytes / n if zero_stage >= 3 else weight_bytes
+    grads = weight_bytes / n if zero_stage >= 2 else weight_bytes
+    return params + grads + optimizer_bytes / n
+
+
 @dataclass(frozen=True)
 class ChunkCost:
     """Costs of one model chunk (a pipeline stage) for one microbatch on one GPU.
@@ -36,9 +60,15 @@ class ChunkCost:
         params: parameters held by this GPU for this chunk.
         expert_params: how many of ``params`` are routed-expert parameters sharded over EP
             (reduced over the expert-data-parallel group; 0 when ep = 1).
+        frozen_params: how many of ``params`` are frozen: no gradient, no optimizer state, no DP
+            reduction (:mod:`simtrain.costs.trainable`).
         moe: the chunk cut around its MoE blocks (ep > 1 and at least one MoE layer), else None.
         full_backward_s: seconds of a full backward B when it differs from I + W (a runtime whose
             split backward costs more than a full one, see ``layer_slowdown``); None means I + W.
+        cp_forward, cp_backward: the context-parallel collectives of F and of I (or B), declared
+            (:mod:`simtrain.costs.context`).
+        cp_hide_forward_s, cp_hide_backward_s: attention seconds of F / I that can hide them (ring
+            attention); the lowering exposes only what they do not hide.
     """
 
     chunk: int
@@ -56,10 +86,15 @@ class ChunkCost:
     p2p_bytes: float
     params: float
     expert_params: float = 0.0
+    frozen_params: float = 0.0
     moe: MoEChunkCost | None = None
     full_backward_s: float | None = None
     tp_forward: tuple[Collective, ...] = ()
     tp_backward: tuple[Collective, ...] = ()
+    cp_forward: tuple[Collective, ...] = ()
+    cp_backward: tuple[Collective, ...] = ()
+    cp_hide_forward_s: float = 0.0
+    cp_hide_backward_s: float = 0.0
 
     @property
     def backward_s(self) -> float:
@@ -91,6 +126,8 @@ class StageCosts:
         tied_embedding_params: parameters per GPU of a word-embedding matrix that the first and
             the last chunk both hold (tied embeddings with more than one chunk), whose gradients
             the two all-reduce every step; 0 when untied.
+        frozen_static_bytes_per_param: bytes per frozen parameter (the weight alone; sharded
+            under ZeRO-3); frozen parameters take no optimizer time.
     """
 
     chunks: tuple[ChunkCost, ...]
@@ -102,17 +139,24 @@ class StageCosts:
     expert_static_bytes_per_param: float | None = None
     expert_optimizer_s_per_param: float | None = None
     tied_embedding_params: float = 0.0
+    frozen_static_bytes_per_param: float = 0.0
 
-    def _per_param(self, chunks, dense_rate: float, expert_rate: float | None) -> float:
-        """Sum over ``chunks`` of dense parameters x ``dense_rate`` + routed-expert parameters x
-        ``expert_rate`` (``dense_rate`` when None)."""
+    def _per_param(self, chunks, dense_rate: float, expert_rate: float | None, frozen_rate: float = 0.0) -> float:
+        """Sum over ``chunks`` of trainable dense parameters x ``dense_rate`` + routed-expert
+        parameters x ``expert_rate`` (``dense_rate`` when None) + frozen ones x ``frozen_rate``."""
         expert_rate = dense_rate if expert_rate is None else expert_rate
-        return sum((self.chunks[c].params - self.chunks[c].expert_params) * dense_rate
-                   + self.chunks[c].expert_params * expert_rate for c in chunks)
+        total = 0.0
+        for c in chunks:
+            ch = self.chunks[c]
+            total += (ch.params - ch.expert_params - ch.frozen_params) * dense_rate + ch.expert_params * expert_rate
+            if ch.frozen_params:
+                total += ch.frozen_params * frozen_rate
+        return total
 
     def static_bytes(self, chunks: set[int] | list[int]) -> float:
         """Parameter + gradient + optimizer bytes of the given chunks on one GPU."""
-        return self._per_param(chunks, self.static_bytes_per_param, self.expert_static_bytes_per_param)
+        return self._per_param(chunks, self.static_bytes_per_param, self.expert_static_bytes_per_param,
+                               self.frozen_static_bytes_per_param)
 
     def optimizer_s(self, chunks: set[int] | list[int]) -> float:
         """Seconds of the optimizer step for the given chunks on one GPU."""
@@ -142,6 +186,8 @@ class StageCosts:
                 backward_weight_s=backward_weight_s,
                 tp_forward=(),
                 tp_backward=(),
+                cp_forward=(),
+                cp_backward=(),
                 moe=None,
                 full_backward_s=None,
             )

@@ -14,12 +14,14 @@ compute-only schedule through ``_add_unshard_reshard`` and ``_add_send_recv``):
    p2p send where two stages sit on different ranks; every schedule gets its communication
    without code of its own;
 3. :func:`~simtrain.lowering.comms.add_gradient_reduction`: DP (ZeRO-1: reduce-scatter) gradient
-   buckets overlapping the last backward of each stage; then
+   buckets overlapping the last backward of each stage (ZeRO-2/3: every backward's); then
    :func:`~simtrain.lowering.comms.add_embedding_sync`: the tied word-embedding gradient
    all-reduce between the first and the last stage's ranks;
-4. :func:`~simtrain.lowering.comms.add_optimizer`: the optimizer step, and ZeRO-1's parameter
+4. :func:`~simtrain.lowering.zero.add_param_gathers` (ZeRO-3 only): each F, B and I all-gathers
+   its chunk's parameters first, prefetched one action ahead (:mod:`simtrain.lowering.zero`);
+5. :func:`~simtrain.lowering.comms.add_optimizer`: the optimizer step, and ZeRO-1/2's parameter
    all-gather;
-5. :func:`~simtrain.lowering.comms.add_runtime_overheads`: calibrated per-action and per-message
+6. :func:`~simtrain.lowering.comms.add_runtime_overheads`: calibrated per-action and per-message
    overheads and shared processor pools.
 
 A forward-only step (``parallel.forward_only``) runs only the forwards (a pair runs its forward half
@@ -37,6 +39,7 @@ from .chains import emit_chains
 from .comms import (add_embedding_sync, add_gradient_reduction, add_optimizer, add_p2p, add_runtime_overheads, gradient_holders,
                     weight_grad_finishers)
 from .items import Lowering
+from .zero import add_param_gathers, check_zero, gradient_actions
 
 
 def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool = True, waves: int = 1) -> TaskGraph:
@@ -68,13 +71,17 @@ def _lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool
     low.graph.static_memory_bytes = [costs.static_bytes(h) for h in held]
     reduce = comm and low.training
     holders = gradient_holders(schedule)
-    dp = topology.parallel.dp
-    grad_buckets = {a for a in weight_grad_finishers(schedule) if dp * len(holders[a.stage]) > 1} if reduce else set()
+    dp, zero_stage = topology.parallel.dp_cp, topology.parallel.zero_stage
+    check_zero(schedule, zero_stage, holders)
+    reducing = gradient_actions(schedule) if zero_stage >= 2 else weight_grad_finishers(schedule)
+    grad_buckets = {a for a in reducing if dp * len(holders[a.stage]) > 1} if reduce else set()
     emit_chains(low, grad_buckets)
     add_p2p(low)
     if reduce:
         add_gradient_reduction(low)
         add_embedding_sync(low)
+    if comm and zero_stage >= 3 and dp > 1:
+        add_param_gathers(low)
     if low.training:
         add_optimizer(low)
     add_runtime_overheads(low)

@@ -56,19 +56,37 @@ def tp_seconds(c: ChunkCost, kind: str, topology: Topology, rank: int) -> float:
     return sum(topology.seconds(x, rank) for x in declared)
 
 
-def tp_item(low: Lowering, a: Action, rank: int, share: int = 1, suffix: str = "") -> list[Item]:
+def cp_seconds(c: ChunkCost, kind: str, topology: Topology, rank: int) -> float:
+    """Exposed seconds of the context-parallel collectives chunk ``c`` declares for an action of
+    ``kind``: their priced time less the attention time that hides them (ring attention)."""
+    declared = {"F": c.cp_forward, "B": c.cp_backward, "I": c.cp_backward}.get(kind, ())
+    hide = c.cp_hide_forward_s if kind == "F" else c.cp_hide_backward_s
+    return max(0.0, sum(topology.seconds(x, rank) for x in declared) - hide)
+
+
+def tp_item(low: Lowering, a: Action, rank: int, share: int = 1, suffix: str = "", stream: str = "tp") -> list[Item]:
     """The in-stage collectives of ``a`` on ``rank`` (1/``share`` of them) as one item on the
-    ``tp`` stream holding the ports of the first one's route, or nothing when free."""
-    key = (a.stage, a.kind, rank)  # priced once per stage, kind and rank
+    ``tp`` stream (or the ``cp`` one, with ``stream="cp"``) holding the ports of the first one's
+    route, or nothing when free."""
+    key = (a.stage, a.kind, rank, stream)  # priced once per stage, kind, rank and stream
     if key not in low.tp_cache:
         c = low.chunk[a.stage]
-        seconds = tp_seconds(c, a.kind, low.topology, rank) if low.comm else 0.0
-        declared = c.tp_forward if a.kind == "F" else c.tp_backward
+        price = tp_seconds if stream == "tp" else cp_seconds
+        seconds = price(c, a.kind, low.topology, rank) if low.comm else 0.0
+        if stream == "tp":
+            declared = c.tp_forward if a.kind == "F" else c.tp_backward
+        else:
+            declared = c.cp_forward if a.kind == "F" else c.cp_backward
         low.tp_cache[key] = (seconds, low.topology.route(declared[0], rank).resources if seconds > 0 else ())
     seconds, resources = low.tp_cache[key]
     if seconds <= 0:
         return []
-    return [TPComm(seconds / share if share > 1 else seconds, f"tp {a}{suffix}", resources)]
+    return [TPComm(seconds / share if share > 1 else seconds, f"{stream} {a}{suffix}", resources, stream)]
+
+
+def in_stage_items(low: Lowering, a: Action, rank: int, share: int = 1, suffix: str = "") -> list[Item]:
+    """The action's CP collectives then its TP collectives (see :func:`tp_item`)."""
+    return tp_item(low, a, rank, share, suffix, "cp") + tp_item(low, a, rank, share, suffix)
 
 
 def plain_chain(low: Lowering, a: Action, rank: int, pieces: int) -> Chain:
@@ -77,7 +95,7 @@ def plain_chain(low: Lowering, a: Action, rank: int, pieces: int) -> Chain:
     duration = compute_s(c, a.kind)
     chain = Chain(a, c, [[Compute(duration / pieces, str(a))] for _ in range(pieces)], buckets="pieces")
     if chain.steps:
-        chain.steps[-1] += tp_item(low, a, rank)
+        chain.steps[-1] += in_stage_items(low, a, rank)
     return chain
 
 
@@ -89,7 +107,7 @@ def pair_chains(low: Lowering, pair: OverlapAction, rank: int) -> list[Chain]:
         c = low.chunk[a.stage]
         n = max(1, len(c.layers))
         seconds = compute_s(c, a.kind) * factor
-        steps = [[Compute(seconds / n, f"{a} ({i + 1}/{n})"), *tp_item(low, a, rank, n, f" ({i + 1}/{n})")]
+        steps = [[Compute(seconds / n, f"{a} ({i + 1}/{n})"), *in_stage_items(low, a, rank, n, f" ({i + 1}/{n})")]
                  for i in range(n)]
         chains.append(Chain(a, c, steps))
     return chains
@@ -161,7 +179,7 @@ def _emit_item(low: Lowering, rank: int, ch: Chain, item: Item, pending: list[in
         ch.tasks.append(task)
         return [task.tid]
     if isinstance(item, TPComm):
-        task = graph.add(name=item.label, rank=rank, category="comm", kind="tp", stream="tp",
+        task = graph.add(name=item.label, rank=rank, category="comm", kind=item.stream, stream=item.stream,
                          duration_s=item.seconds, deps=list(pending), resources=item.resources,
                          stage=a.stage, microbatch=a.microbatch)
         ch.tasks.append(task)

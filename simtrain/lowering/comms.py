@@ -80,18 +80,28 @@ def add_gradient_reduction(low: Lowering) -> None:
     one of ``dp_buckets`` equal buckets on the rank's ``dp`` stream (all-reduce, or reduce-scatter
     under ZeRO-1; Li et al. 2020, "PyTorch Distributed", §3.2.3 gradient bucketing) over the DP
     replicas of every rank holding the chunk; routed-expert gradients over the expert-DP group.
-    A chunk's copies (DualPipe) reduce bucket i together: each waits for both copies' piece i."""
+    A chunk's copies (DualPipe) reduce bucket i together: each waits for both copies' piece i.
+    Under ZeRO-2/3 every backward reduces its microbatch's gradient, which it holds unsharded from
+    each bucket from its piece's start until it is reduced, with two bucket buffers: a piece waits
+    for the reduction of the bucket two before it (:mod:`simtrain.lowering.zero`)."""
     parallel, topology, costs = low.topology.parallel, low.topology, low.costs
     holders = gradient_holders(low.schedule)
     op = "reduce-scatter" if parallel.zero_stage >= 1 else "all-reduce"
+    transient = parallel.zero_stage >= 2
     pieces = parallel.dp_buckets
     buckets: dict[int, list[tuple[Task, Task]]] = {}  # stage -> (compute piece, its reduction)
+    in_flight: dict[int, list[int]] = {}  # rank -> its ZeRO-2/3 bucket reductions so far, in order
     for a, anchors in low.bucket_after.items():
         c, group = low.chunk[a.stage], holders[a.stage]
-        dense = (c.params - c.expert_params) * costs.grad_bytes_per_param / pieces
+        dense = (c.params - c.expert_params - c.frozen_params) * costs.grad_bytes_per_param / pieces
         experts = c.expert_params * costs.grad_bytes_per_param / pieces
         for i, piece in enumerate(anchors):
             rank = piece.rank
+            if transient:  # the bucket's unsharded gradient, from its piece's start to its reduction
+                piece.mem_start.append((rank, dense + experts))
+                earlier = in_flight.setdefault(rank, [])  # (reduction, its piece), in order
+                if len(earlier) >= 2 and earlier[-2][1] is not piece and earlier[-2][0] not in piece.deps:
+                    piece.deps.append(earlier[-2][0])  # two bucket buffers (not within one task)
             collective = Collective(op, "dp", dense)
             seconds = topology.seconds(collective, rank, group)
             if experts > 0:
@@ -99,9 +109,12 @@ def add_gradient_reduction(low: Lowering) -> None:
             reduce = low.graph.add(
                 name=f"dp grad stage {a.stage} bucket {i}", rank=rank, category="comm", kind="dp", stream="dp",
                 deps=[piece.tid], resources=topology.route(collective, rank, group).resources, duration_s=seconds,
-                stage=a.stage, nbytes=dense + experts,
+                stage=a.stage, microbatch=a.microbatch if transient else None, nbytes=dense + experts,
+                mem_end=[(rank, -(dense + experts))] if transient else [],
             )
             buckets.setdefault(a.stage, []).append((piece, reduce))
+            if transient:
+                in_flight[rank].append((reduce.tid, piece))
             low.dp_tasks.setdefault(rank, []).append(reduce)
     for stage, pairs in buckets.items():
         for other in buckets:
@@ -146,11 +159,11 @@ def add_embedding_sync(low: Lowering) -> None:
 
 
 def add_optimizer(low: Lowering) -> None:
-    """Pass 4: each rank's optimizer step (memory-bound Adam) after its last compute and its
-    gradient reductions; under ZeRO-1 an all-gather of the updated parameters (dense over DP,
-    routed experts over expert-DP)."""
+    """Pass 5: each rank's optimizer step (memory-bound Adam) after its last compute and its
+    gradient reductions; under ZeRO-1 and 2 an all-gather of the updated parameters (dense over
+    DP, routed experts over expert-DP; ZeRO-3 gathers them before the next step's forward)."""
     schedule, costs, topology, parallel = low.schedule, low.costs, low.topology, low.topology.parallel
-    dp = parallel.dp if low.comm else 1
+    dp = parallel.dp_cp if low.comm else 1
     last_compute = _last_compute(low)
     for rank in range(schedule.num_ranks):
         duration = costs.optimizer_s(low.held[rank])
@@ -160,9 +173,10 @@ def add_optimizer(low: Lowering) -> None:
         deps += [t.tid for t in low.dp_tasks.get(rank, [])]
         opt = low.graph.add(name="optimizer step", rank=rank, category="compute", kind="OPT", stream="compute",
                             duration_s=duration, deps=deps)
-        if parallel.zero_stage >= 1 and dp > 1:
+        if parallel.zero_stage in (1, 2) and dp > 1:
             experts = sum(costs.chunks[c].expert_params for c in low.held[rank]) * costs.grad_bytes_per_param
-            dense = sum(costs.chunks[c].params for c in low.held[rank]) * costs.grad_bytes_per_param - experts
+            dense = sum(costs.chunks[c].params - costs.chunks[c].frozen_params
+                        for c in low.held[rank]) * costs.grad_bytes_per_param - experts
             gather = Collective("all-gather", "dp", dense)
             seconds = topology.seconds(gather, rank)
             if experts > 0:
@@ -173,7 +187,7 @@ def add_optimizer(low: Lowering) -> None:
 
 
 def add_runtime_overheads(low: Lowering) -> None:
-    """Pass 5: the calibrated runtime: the per-action overhead (``action_overhead_s``) on the first
+    """Pass 6: the calibrated runtime: the per-action overhead (``action_overhead_s``) on the first
     task of every action (each half of a pair, each MoE action), and every compute task of a rank
     that shares processors on its node on that node's pool
     (:meth:`simtrain.network.Topology.processor_pools`)."""

@@ -29,12 +29,14 @@ class Compute:
 
 @dataclass(frozen=True)
 class TPComm:
-    """Tensor-parallel collectives: ``seconds`` on the ``tp`` stream after the chain's previous
-    item, holding ``resources``; the chain's next item waits for it."""
+    """In-stage collectives: ``seconds`` on ``stream`` (``tp``, or ``cp`` for context
+    parallelism; also the task's kind) after the chain's previous item, holding ``resources``; the
+    chain's next item waits for it."""
 
     seconds: float
     label: str
     resources: tuple[str, ...]
+    stream: str = "tp"
 
 
 @dataclass(frozen=True)

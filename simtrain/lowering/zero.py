@@ -1,0 +1,107 @@
+"""ZeRO-2 and ZeRO-3 (FSDP) in the lowering: which actions reduce-scatter their gradients, and the
+parameter all-gathers of ZeRO-3.
+
+Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
+§5.2-5.3 and §7.2: stage 2 shards the gradients over DP, so every backward reduce-scatters its
+gradients (DeepSpeed ``stage_1_and_2.py`` and ``stage3.py`` reduce in the backward hooks of every
+micro-step; torch FSDP2's default ``requires_gradient_sync``); stage 3 also shards the parameters,
+so before each forward and each backward a layer's parameters are all-gathered and dropped again
+after it (FSDP2 ``reshard_after_forward=True``). Per step of one microbatch that moves
+``3 x (n-1)/n x Psi`` bytes against plain DP's all-reduce ``2 x (n-1)/n x Psi``: 1.5x (§7.2.2).
+
+How simtrain lowers it:
+
+* the gradient reduce-scatter runs after every action that produces weight gradients (each B, or
+  each W when the backward is split), in ``dp_buckets`` buckets on the ``dp`` stream; each bucket's
+  unsharded gradient is held from the start of the compute piece that produces it until it is
+  reduced (DeepSpeed's ``reduce_bucket_size`` buckets). Two buckets are in flight at most: the
+  compute piece of bucket i waits until bucket i-2 of the rank is reduced (DeepSpeed reuses a
+  fixed pair of bucket buffers, ``stage_1_and_2.py``'s double-buffered IPG buckets, and waits for
+  a reduction before refilling one), so a slow network shows as exposed time, not as unbounded
+  memory;
+* ZeRO-3 all-gathers a chunk's parameters before every F, B and I on a ``zero`` stream, one
+  collective per layer (``repeat`` = layers). Timing is at chunk granularity: the gather of a
+  rank's k-th such action is issued once its (k-2)-th action is done, so it runs while the
+  (k-1)-th computes (FSDP2's forward/backward prefetch, one module ahead), and the action waits
+  for it. Memory is at layer granularity, as in FSDP2 (each layer is its own FSDP unit, resharded
+  after use): an action holds the unsharded parameters of two layers (the one computing and the
+  prefetched next one) from its start to its end. W needs no parameters (it multiplies stored
+  inputs by output gradients), so it gathers nothing. After the optimizer step nothing is
+  gathered (the next step's forward gathers).
+
+Schedules that keep two copies of a chunk on different ranks (DualPipe) are refused for stages
+2 and 3: their copies would have to share one gradient shard per microbatch.
+"""
+
+from __future__ import annotations
+
+from ..errors import SimtrainError
+from ..network import Collective
+from ..schedules.ir import Action, Schedule
+from .items import Lowering
+
+
+def check_zero(schedule: Schedule, zero_stage: int, holders: dict[int, tuple[int, ...]]) -> None:
+    """Refuse ZeRO stage 2 or 3 with a schedule that keeps two copies of a model chunk.
+
+    Raises:
+        SimtrainError: naming the schedule, the stage and what is allowed.
+    """
+    if zero_stage >= 2 and any(len(h) > 1 for h in holders.values()):
+        raise SimtrainError(
+            f"--zero-stage {zero_stage} with {schedule.name}: the schedule keeps two copies of each model chunk "
+            "on different ranks, which ZeRO-2/3 cannot shard per microbatch; use --zero-stage 0 or 1, or a "
+            "schedule with one copy (e.g. dualpipev, zbv, 1f1b)"
+        )
+
+
+def gradient_actions(schedule: Schedule) -> set[Action]:
+    """Every action that produces weight gradients: each B and each W of every microbatch."""
+    return {a for order in schedule.orders for act in order for a in act.parts if a.kind in ("B", "W")}
+
+
+def param_bytes(low: Lowering, chunk) -> tuple[float, float]:
+    """``(dense, expert)`` bytes of a chunk's parameters on one GPU (16-bit copy, or 32-bit in
+    fp32 training)."""
+    per = low.costs.grad_bytes_per_param
+    return (chunk.params - chunk.expert_params) * per, chunk.expert_params * per
+
+
+def gather_seconds(low: Lowering, chunk, rank: int) -> float:
+    """Seconds of the per-layer all-gathers of ``chunk``'s parameters on ``rank`` (dense over DP,
+    routed experts over expert-DP), priced by :meth:`simtrain.network.Topology.seconds`."""
+    layers = max(1, len(chunk.layers))
+    dense, experts = param_bytes(low, chunk)
+    seconds = low.topology.seconds(Collective("all-gather", "dp", dense / layers, repeat=layers), rank)
+    if experts > 0:
+        seconds += low.topology.seconds(Collective("all-gather", "expert_dp", experts / layers, repeat=layers), rank)
+    return seconds
+
+
+def add_param_gathers(low: Lowering) -> None:
+    """ZeRO-3's pass: an all-gather of the chunk's parameters on the ``zero`` stream before every
+    F, B and I, prefetched one action ahead (see the module docstring), with its memory."""
+    topology = low.topology
+    cache: dict[tuple[int, int], float] = {}
+    for rank, order in enumerate(low.schedule.orders):
+        resources = topology.route(Collective("all-gather", "dp", 0.0), rank).resources
+        done: list = []  # the gathering actions of this rank so far, in order
+        for act in order:
+            for a in act.parts:
+                if a.kind == "W" or a not in low.first:
+                    continue
+                chunk = low.chunk[a.stage]
+                key = (a.stage, rank)
+                if key not in cache:
+                    cache[key] = gather_seconds(low, chunk, rank)
+                nbytes = sum(param_bytes(low, chunk))
+                held = nbytes * min(1.0, 2 / max(1, len(chunk.layers)))  # two layers unsharded
+                gather = low.graph.add(
+                    name=f"zero3 all-gather {a}", rank=rank, category="comm", kind="zero", stream="zero",
+                    duration_s=cache[key], deps=[low.last[done[-2]].tid] if len(done) >= 2 else [],
+                    resources=resources, stage=a.stage, microbatch=a.microbatch, nbytes=nbytes,
+                )
+                low.first[a].deps.append(gather.tid)
+                low.first[a].mem_start.append((rank, held))
+                low.last[a].mem_end.append((rank, -held))
+                done.append(a)

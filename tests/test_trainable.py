@@ -1,0 +1,78 @@
+"""Frozen weights and LoRA (--trainable): no W, no gradient, no optimizer state for frozen
+parameters; LoRA adapters add r (K + N) parameters and 2 r (K + N) FLOPs per token per pass for
+every linear layer (Hu et al. 2021 §4.1)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from simtrain.cli import app
+from simtrain.costs import OPTIMIZER_BYTES_PER_PARAM, stage_costs
+from simtrain.hardware import load_profile
+from simtrain.models import load_model
+from simtrain.parallel import ParallelConfig
+from simtrain.scenario import run_schedule
+
+H100 = load_profile("h100-sxm")
+MODEL = load_model("llama3-8b")  # h 4096, 32 heads, 8 KV heads of 128, SwiGLU FFN 14336, 32 layers
+S = 4096
+LINEARS = [(4096, 4096 + 2 * 8 * 128), (4096, 4096), (4096, 2 * 14336), (14336, 4096)]  # (K, N)
+
+
+def _costs(trainable: str, **kw):
+    par = ParallelConfig(pp=4, seq_len=S, trainable=trainable, **kw)
+    return stage_costs(MODEL, par, H100, 4)
+
+
+def test_frozen_layers_have_no_weight_pass_gradient_or_optimizer_state():
+    full, frozen = _costs("all"), _costs("frozen-layers:8-15")  # chunk 1 holds layers 8-15
+    c, f = full.chunks[1], frozen.chunks[1]
+    assert f.layers == tuple(range(8, 16))
+    assert f.backward_weight_flops == 0 and f.weight_grad_bytes == 0
+    assert f.backward_weight_s == 0.0  # no W GEMMs (and no gradient accumulation)
+    assert f.frozen_params == f.params == c.params
+    assert f.forward_s == c.forward_s and f.backward_input_s == c.backward_input_s  # I still runs
+    assert frozen.static_bytes([1]) == pytest.approx(2 * c.params)  # the 16-bit weight alone
+    assert frozen.optimizer_s([1]) == 0.0
+    assert frozen.chunks[0] == full.chunks[0]  # other chunks unchanged
+
+
+def test_lora_adapters_follow_the_papers_counts():
+    r, tokens = 16, S
+    base, lora = _costs("all"), _costs(f"lora:{r}")
+    c, l = base.chunks[1], lora.chunks[1]
+    per_layer = sum(r * (k + n) for k, n in LINEARS)
+    assert l.params - l.frozen_params == pytest.approx(8 * per_layer)
+    assert l.frozen_params == pytest.approx(c.params)
+    assert l.backward_weight_flops == pytest.approx(8 * tokens * 2 * per_layer)  # adapters only
+    assert l.forward_flops == pytest.approx(c.forward_flops + 8 * tokens * 2 * per_layer)
+    trainable = l.params - l.frozen_params
+    assert lora.static_bytes([1]) == pytest.approx(2 * l.frozen_params + 16 * trainable)
+    rate = H100.optimizer_bytes_per_s or H100.hbm_bandwidth_bytes_per_s
+    assert lora.optimizer_s([1]) == pytest.approx(OPTIMIZER_BYTES_PER_PARAM * trainable / rate)
+    assert l.backward_weight_s < c.backward_weight_s / 50
+    # embedding and head are frozen too
+    assert lora.chunks[0].frozen_params == pytest.approx(base.chunks[0].params)
+    assert lora.chunks[-1].frozen_params == pytest.approx(base.chunks[-1].params)
+
+
+def test_lora_reduces_only_adapter_gradients_over_dp():
+    par = ParallelConfig(pp=2, dp=4, microbatches=2, seq_len=S, trainable="lora:8")
+    run = run_schedule("1f1b", MODEL, H100, par)
+    t = run.result.trace
+    reduced = t[t["kind"] == "dp"]["bytes"].sum()
+    adapters = sum(c.params - c.frozen_params for c in run.costs.chunks)
+    assert reduced == pytest.approx(2 * adapters)  # bf16 gradients of the adapters, once
+
+
+@pytest.mark.parametrize("value,message", [
+    ("lora:0", "--trainable = 'lora:0'"),
+    ("frozen-layers:5-2", "expected all, lora:RANK"),
+    ("frozen-layers:40", "layer 40 does not exist; llama3-8b has layers 0-31"),
+])
+def test_bad_trainable_values(value, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--trainable", value])
+    assert res.exit_code == 2
+    assert message in res.stderr.replace("\n", " ") and "Traceback" not in res.output

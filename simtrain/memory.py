@@ -25,7 +25,7 @@ The parts add up to the rank's peak of the timeline; ``fits_in_hbm`` compares th
 
 from __future__ import annotations
 
-import pandas as pd
+import numpy as np
 
 from .costs import StageCosts
 from .schedules import Schedule
@@ -40,14 +40,18 @@ ALLOCATOR_RESERVE_FRACTION = 0.0
 applies (the module docstring gives the measured range)."""
 
 
-def _w_pending_at(ends: pd.DataFrame | None, t: float, costs: StageCosts, schedule: Schedule) -> float:
-    """Bytes held for W at time ``t`` on a rank whose (stage, microbatch) I and W end times are
-    ``ends`` (columns ``I``, ``W``): I ended at or before ``t``, W not yet ended."""
-    if ends is None or "I" not in ends:
-        return 0.0
-    w_end = ends["W"].fillna(float("inf")) if "W" in ends else pd.Series(float("inf"), index=ends.index)
-    held = ends[(ends["I"] <= t) & ~(w_end <= t)]
-    return float(sum(costs.chunks[schedule.chunk_of(int(stage))].weight_grad_bytes for stage, _ in held.index))
+def _w_pending_at(split: dict[str, np.ndarray], rank: int, t: float, costs: StageCosts, schedule: Schedule) -> float:
+    """Bytes held for W at time ``t`` on ``rank``: the (stage, microbatch) pairs whose last I ended
+    at or before ``t`` and whose W has not ended (``split``: the I and W tasks' columns)."""
+    mine = split["rank"] == rank
+    ends: dict[tuple[int, int], dict[str, float]] = {}
+    for stage, mb, kind, end in zip(split["stage"][mine], split["microbatch"][mine], split["kind"][mine],
+                                    split["end_s"][mine]):
+        key = ends.setdefault((int(stage), int(mb)), {})
+        key[kind] = max(key.get(kind, -np.inf), float(end))
+    return float(sum(costs.chunks[schedule.chunk_of(stage)].weight_grad_bytes
+                     for (stage, _), e in sorted(ends.items())
+                     if "I" in e and e["I"] <= t and not e.get("W", np.inf) <= t))
 
 
 def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> list[dict[str, float]]:
@@ -62,19 +66,19 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
         One dict per pipeline rank, keys :data:`PARTS`, values in bytes; the values of a rank sum
         to its peak of the memory timeline plus the allocator reserve.
     """
-    mem, tasks = result.memory, result.trace
-    split = tasks[tasks["kind"].isin(("I", "W")) & tasks["stage"].notna()]
-    ends = {rank: g.groupby(["stage", "microbatch", "kind"])["end_s"].max().unstack("kind")
-            for rank, g in split.groupby("rank")}
-    peaks = mem.loc[mem.groupby("rank")["bytes"].idxmax()].set_index("rank")
+    cols, mem = result.columns, result.memory_columns
+    keep = np.isin(cols["kind"], ("I", "W")) & ~np.isnan(cols["stage"])
+    split = {name: cols[name][keep] for name in ("rank", "stage", "microbatch", "kind", "end_s")}
     rows = []
     for rank in range(schedule.num_ranks):
         held = sorted({schedule.chunk_of(s) for s in schedule.stages_of(rank)})
         static = costs.static_bytes(held)
         copy = sum(costs.chunks[c].params for c in held) * costs.grad_bytes_per_param
-        peak, t = float(peaks.at[rank, "bytes"]), float(peaks.at[rank, "time_s"])
+        where = np.flatnonzero(mem["rank"] == rank)
+        first_peak = where[np.argmax(mem["bytes"][where])]  # the first row at the peak, as idxmax
+        peak, t = float(mem["bytes"][first_peak]), float(mem["time_s"][first_peak])
         dynamic = max(peak - static, 0.0)
-        pending = min(_w_pending_at(ends.get(rank), t, costs, schedule), dynamic)
+        pending = min(_w_pending_at(split, rank, t, costs, schedule), dynamic)
         rows.append(dict(weights=copy, gradients=copy, optimizer_states=static - 2 * copy,
                          activations=dynamic - pending, w_pending=pending, comm_buffers=0.0,
                          allocator_reserve=ALLOCATOR_RESERVE_FRACTION * peak))

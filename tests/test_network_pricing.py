@@ -87,3 +87,4 @@ def test_parallel_config_derives_the_groups_once():
     assert p.group("dp", 0, holders=(0, 1)) == Group("dp", 8, (0, 14))
     assert ParallelConfig(tp=2, pp=2, dp=4).dp_stride == 4  # dense: [TP, PP, DP], replicas pp x tp apart
     with pytest.raises(ValueError):
+        p.group("pp", 0)  # p2p has no group; cp is a dimension now

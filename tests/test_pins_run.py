@@ -102,10 +102,13 @@ def test_bubble_ratio_is_the_mean_over_uneven_ranks():
     r, t = run.report, run.result.trace
     comp = t[t["category"] == "compute"]
     busy = [(g["end_s"] - g["start_s"]).sum() for _, g in comp.groupby("rank")]
-    per_rank = [1 - b / r.step_time_s for b in busy]
-    assert r.bubble_ratio_per_rank == pytest.approx(per_rank, rel=1e-9)
+    per_rank = [1 - b / r.step_time_s for b in busy]  # all idle time: the idle ratio
+    assert r.idle_ratio_per_rank == pytest.approx(per_rank, rel=1e-9)
     assert max(busy) - min(busy) > 0.05 * max(busy)  # really uneven
-    assert r.bubble_ratio == pytest.approx(sum(per_rank) / 4, rel=1e-12)
+    assert r.idle_ratio == pytest.approx(sum(per_rank) / 4, rel=1e-12)
+    # the pipeline bubble (idle with none of the rank's communication in flight) aggregates the same way
+    assert r.bubble_ratio == pytest.approx(sum(r.bubble_ratio_per_rank) / 4, rel=1e-12)
+    assert all(b <= i + 1e-12 for b, i in zip(r.bubble_ratio_per_rank, r.idle_ratio_per_rank))
 
 
 def test_exposed_comm_of_gpipe_pp2_m1_by_hand():
@@ -119,7 +122,9 @@ def test_exposed_comm_of_gpipe_pp2_m1_by_hand():
     # each rank waits idle for both transfers: the one it sends and the one it receives
     assert r.exposed_comm_s_per_rank == pytest.approx([2 * T, 2 * T], rel=1e-9)
     assert r.comm_s == pytest.approx(4 * T, rel=1e-9) and r.overlap_ratio == pytest.approx(0.0, abs=1e-12)
-    assert r.bubble_ratio_per_rank == pytest.approx([1 - 3 / (6 + 2 * T)] * 2, rel=1e-12)
+    assert r.idle_ratio_per_rank == pytest.approx([1 - 3 / (6 + 2 * T)] * 2, rel=1e-12)
+    # the pipeline bubble leaves out the 2T each rank waits on a transfer: (6 + 2T - 3 - 2T) / step
+    assert r.bubble_ratio_per_rank == pytest.approx([3 / (6 + 2 * T)] * 2, rel=1e-9)
 
 
 @pytest.mark.parametrize("schedule", ["zb-h1", "zbv"])

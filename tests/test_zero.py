@@ -53,15 +53,17 @@ def test_zero3_moves_one_and_a_half_times_the_dp_all_reduce():
     assert "dp param all-gather" not in set(z3["name"])  # ZeRO-3 gathers before the next forward
 
 
-def test_zero3_gather_seconds_are_one_and_a_half_times_the_all_reduce_without_latency():
-    """On a latency-free link the seconds follow the volumes: (AG + AG + RS) / AR = 1.5."""
-    hw = dataclasses.replace(H100, inter_node=dataclasses.replace(H100.inter_node, latency_s=0.0))
-    topo = Topology(hw, ParallelConfig(pp=2, dp=8))
-    psi = 1e9
-    ar = topo.seconds(Collective("all-reduce", "dp", psi), 0)
-    z3 = 2 * topo.seconds(Collective("all-gather", "dp", psi / 4, repeat=4), 0) \
-        + topo.seconds(Collective("reduce-scatter", "dp", psi), 0)
-    assert z3 / ar == pytest.approx(1.5, rel=1e-12)
+def test_zero3_gather_seconds_are_one_and_a_half_times_the_all_reduce_at_large_sizes():
+    """On NCCL's ring (simtrain.collectives), at sizes where bandwidth dominates, the seconds follow
+    the volumes: (AG + AG + RS) / AR -> 1.5. (Under NCCL's automatic choice the all-reduce may take
+    another algorithm and the ratio is not a law; the volume test above is the ZeRO paper's claim.)"""
+    from simtrain.collectives import estimate
+
+    psi, n = 64e9, 16
+    ar = estimate("all-reduce", psi, H100, n, algorithm="ring").time_s
+    z3 = 2 * estimate("all-gather", psi, H100, n, algorithm="ring").time_s \
+        + estimate("reduce-scatter", psi, H100, n, algorithm="ring").time_s
+    assert z3 / ar == pytest.approx(1.5, rel=0.01)
 
 
 def test_zero2_and_3_reduce_every_backward():

@@ -293,6 +293,8 @@ def _cost_note(choice: CostChoice) -> str:
 
 def _print_breakdown(table: dict, schedule: str) -> None:
     """The terminal table of :func:`simtrain.cost_models.stage_breakdown`: one row per operator."""
+    from rich.table import Table
+
     t = Table(title=f"stage {table['stage']} ({schedule}): layers {table['layers'][0] if table['layers'] else '-'}"
                     f"..{table['layers'][-1] if table['layers'] else '-'}, per microbatch")
     for col in ("operator", "bound", "F GFLOP", "F MB", "F ms", "I ms", "W ms"):

@@ -136,10 +136,14 @@ def test_ctrl_c_stops_the_workers_and_writes_nothing(tmp_path):
     cmd = [sys.executable, "-m", "simtrain", "plan", "--model", GPT, "--hardware", "a100-sxm-80gb", "--gpus", "384",
            "--global-batch", "1536", "--schedules", "1f1b", "--recompute", "full", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    time.sleep(8)  # the pool is up and simulating (one GPT step takes seconds)
+    children: list[int] = []
+    deadline = time.monotonic() + 60
+    while not children and proc.poll() is None and time.monotonic() < deadline:  # until the pool is up
+        time.sleep(0.05)
+        children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
     assert proc.poll() is None, proc.communicate()
-    children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
     assert children, "the local backend should have started its worker processes"
+    time.sleep(0.5)  # the workers are simulating
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

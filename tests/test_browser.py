@@ -110,7 +110,10 @@ def test_default_dashboard_draws_the_expected_traces(browser, rendered, tmp_path
     drawn = {p["id"]: p["data"] for p in open_dashboard(browser, rendered["default"])}
     kinds_with_time = set().union(*(set(r.result.trace.loc[r.result.trace["category"] == "compute", "kind"])
                                     for r in runs)) | {"exposed comm", "idle"}
-    assert drawn["fig-0"] == len(kinds_with_time) + 1 + 3  # stacked kinds + labels, then 3 panels
+    worst = [max(r.report.memory_breakdown_bytes, key=lambda b: sum(b.values())) for r in runs]
+    memory_parts = sum(any(w[part] for w in worst) for part in worst[0])  # the parts drawn, stacked
+    # stacked kinds + labels, bubble and exposed-comm bars, memory parts stacked + their totals
+    assert drawn["fig-0"] == len(kinds_with_time) + 1 + 2 + memory_parts + 1
     for i, run in enumerate(runs):
         trace = run.result.trace
         timeline, memory, links = (f"fig-{1 + 3 * i + k}" for k in range(3))

@@ -90,7 +90,7 @@ runner = CliRunner()
     (["calibrate", "--out", "NEW", "--hidden", "256,x"], "--hidden = '256,x': expected comma-separated"),
     (["calibrate", "--out", "NEW", "--base", "tpu-v9"], "unknown hardware 'tpu-v9'"),
     (["calibrate", "--out", "NEW", "--world", "1"], "--world 1 measures no link"),
-    (["validate", "--profile", "h100-sxm", "--schedules", "gpipe,zb2p"], "unknown torch schedule 'zb2p'"),
+    (["validate", "--profile", "h100-sxm", "--schedules", "gpipe,zb2p"], "unknown schedule 'zb2p'"),
     (["validate", "--profile", "h100-sxm", "--world", "1"], "--world = 1: a pipeline needs at least 2 ranks"),
     (["validate", "--profile", "nothere.yaml"], "nothere.yaml: hardware profile file not found"),
     (["validate", "--profile", "h100-sxm", "--steps", "0"], "--steps = 0"),

@@ -140,3 +140,17 @@ def check_run(run, contiguous: bool = True) -> None:
     final = mem.groupby("rank")["bytes"].last()
     assert ((final - static).abs() <= 1e-6 * static.clip(lower=1)).all()
     assert 0 <= run.report.bubble_ratio < 1
+
+
+SMALL = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "4", "--tp", "2", "--dp", "2",
+         "--microbatches", "8", "--seq-len", "2048"]
+"""A small dense configuration for CLI tests (Llama 3 8B, TP 2 x PP 4 x DP 2, 8 microbatches)."""
+
+
+def invoke(*args: str):
+    """Run ``simtrain ARGS...`` in-process with typer's test runner; returns its Result."""
+    from typer.testing import CliRunner
+
+    from simtrain.cli import app
+
+    return CliRunner().invoke(app, list(args))

@@ -7,13 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from typer.testing import CliRunner
 
-from simtrain.cli import app
-
-runner = CliRunner()
-SMALL = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "4", "--tp", "2", "--dp", "2",
-         "--microbatches", "8", "--seq-len", "2048"]
+from conftest import SMALL, invoke
 
 
 @pytest.fixture(autouse=True)
@@ -21,9 +16,6 @@ def _in_tmp(tmp_path, monkeypatch):
     """Run every CLI test in a fresh folder, so default outputs never land in the repository."""
     monkeypatch.chdir(tmp_path)
 
-
-def invoke(*args: str):
-    return runner.invoke(app, list(args))
 
 
 def test_compare_json_rows_have_the_documented_keys(tmp_path):

@@ -8,9 +8,9 @@ import json
 import math
 
 import pytest
-from typer.testing import CliRunner
 
-from simtrain.cli import app
+
+from conftest import SMALL, invoke
 from simtrain.cost_models import CostChoice, hfu, parse_cost_choice, recompute_modules, stage_breakdown
 from simtrain.errors import SimtrainError
 from simtrain.hardware import load_profile
@@ -19,18 +19,12 @@ from simtrain.models import load_model
 from simtrain.parallel import ParallelConfig
 from simtrain.scenario import run_schedule
 
-runner = CliRunner()
-SMALL = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "4", "--tp", "2", "--dp", "2",
-         "--microbatches", "8", "--seq-len", "2048"]
 
 
 @pytest.fixture(autouse=True)
 def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
-
-def invoke(*args: str):
-    return runner.invoke(app, list(args))
 
 
 @pytest.mark.parametrize("stage", [0, 2, 3])

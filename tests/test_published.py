@@ -68,3 +68,14 @@ def test_validate_published_json_and_bad_flags(tmp_path, monkeypatch):
     assert bad.exit_code == 2 and "error: --cost-model" in bad.output
     missing = runner.invoke(app, ["validate"])
     assert missing.exit_code == 2 and "error: --profile is required" in missing.output
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--published", "--steps", "5", "--device", "cuda"], "--device, --steps"),
+    (["--published", "--profile", "cpu.yaml"], "--profile"),
+    (["--cost-model", "ops"], "--cost-model = 'ops'"),
+])
+def test_validate_refuses_options_of_the_other_mode(args, named):
+    """The torch run's options with --published (and --cost-model without it) are refused, not ignored."""
+    res = CliRunner().invoke(app, ["validate", *args])
+    assert res.exit_code == 2 and f"error: {named}" in res.output, res.output

@@ -214,9 +214,21 @@ def validate(
     from .validate import compare, parse_schedules
     from .workload import default_model
 
+    torch_run = {"--profile": profile, "--schedules": schedules, "--world": world,
+                 "--device": None if device == "cpu" else device, "--steps": None if steps == 10 else steps,
+                 "--warmup": None if warmup == 2 else warmup, "--threads": None if threads == 1 else threads,
+                 "--no-speed-correction": no_speed_correction or None,
+                 "--timeout-s": None if timeout_s == 900 else timeout_s}
     if published:
+        given = [flag for flag, value in torch_run.items() if value is not None]
+        if given:
+            raise SimtrainError(f"{', '.join(given)}: options of the torch run, not of --published "
+                                "(which takes only --cost-model and --json)")
         _validate_published(cost_model, as_json)
         return
+    if cost_model != "auto":
+        raise SimtrainError(f"--cost-model = {cost_model!r}: applies only with --published "
+                            "(the torch run predicts with the calibrated --profile)")
     if profile is None:
         raise SimtrainError("--profile is required (a calibrated profile), unless --published is given")
     hw = load_profile(profile)

@@ -130,3 +130,14 @@ def test_cli_reads_a_config_and_prints_the_warning_once():
                                    "--seq-len", "4096", "--schedules", "1f1b", "--json"])
     assert res.exit_code == 0, res.output
     assert "warning:" not in res.output  # Mixtral's config has nothing unmapped
+
+
+@pytest.mark.parametrize("flag", ["--model", "--from-megatron", "--from-torchtitan"])
+def test_importers_refuse_what_is_not_a_regular_text_file(tmp_path, flag):
+    """Every importer reads through loading.read_text: a directory or binary file is one error line."""
+    binary = tmp_path / ("config.json" if flag == "--model" else "job.toml")
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    for path in (tmp_path, binary):
+        res = CliRunner().invoke(app, ["compare", flag, str(path), "--hardware", "h100-sxm", "--json"])
+        assert res.exit_code == 2 and res.output.count("error:") == 1, res.output
+        assert "Traceback" not in res.output and str(path) in res.output

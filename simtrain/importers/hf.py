@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigWarning, SimtrainError, validate_model
+from ..loading import MAX_YAML_BYTES, read_text
 from ..models import ModelSpec
 
 SEQ_LEN_CAP = 8192
@@ -274,12 +275,9 @@ def load_hf_config(path: Path) -> ModelSpec:
     Raises:
         SimtrainError: the file is missing, unreadable or not JSON, or the mapping fails.
     """
+    text = read_text(path, "a HuggingFace config.json", MAX_YAML_BYTES)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SimtrainError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SimtrainError(f"{path}: cannot read the file ({exc})") from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SimtrainError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     if not isinstance(data, dict):

@@ -18,6 +18,7 @@ import shlex
 from pathlib import Path
 
 from ..errors import SimtrainError, validate_model
+from ..loading import MAX_YAML_BYTES, read_text
 from ..models import ModelSpec
 from . import ImportedJob
 
@@ -106,10 +107,7 @@ def read_megatron_args(path: Path, dp: int | None = None) -> ImportedJob:
     Raises:
         SimtrainError: unreadable file, a missing model flag, or values that do not divide.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SimtrainError(f"--from-megatron {path}: cannot read the file ({exc})") from None
+    text = read_text(path, "a Megatron-LM argument file", MAX_YAML_BYTES)
     tokens = _tokens(text)
     try:
         a, unknown = _parser().parse_known_args(tokens)

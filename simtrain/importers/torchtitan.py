@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SimtrainError
+from ..loading import MAX_YAML_BYTES, read_text
 from ..models import load_model
 from ..schedules.names import canonical_schedule
 from . import ImportedJob
@@ -74,10 +75,9 @@ def read_torchtitan_toml(path: Path, dp: int | None = None) -> ImportedJob:
         SimtrainError: unreadable or malformed TOML, an unknown model, an unknown schedule, or a
             batch that does not divide into microbatches.
     """
+    text = read_text(path, "a torchtitan job file", MAX_YAML_BYTES)
     try:
-        job = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SimtrainError(f"--from-torchtitan {path}: cannot read the file ({exc})") from None
+        job = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SimtrainError(f"--from-torchtitan {path}: malformed TOML: {exc}") from None
     m, t, p = job.get("model", {}), job.get("training", {}), job.get("parallelism", {})

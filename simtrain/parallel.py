@@ -108,6 +108,11 @@ class ParallelConfig(NumbersNotBooleans):
         recompute: activation recomputation (Korthikanti et al. 2022): ``none`` stores everything,
             ``selective`` recomputes attention scores (what FlashAttention gives for free),
             ``full`` stores only each layer's input and reruns its forward in the backward.
+        attention: the attention kernel: ``flash`` (a fused kernel, FlashAttention; Dao 2023,
+            FlashAttention-2, §3.1: the forward keeps only the softmax log-sum-exp per query row
+            and head, the backward recomputes the scores, so no score matrix is stored whatever
+            ``recompute`` says) or ``unfused`` (materialised scores, Megatron-LM 2021 / BLOOM:
+            stored unless recomputed). The per-operator cost model also prices the kernel by it.
         sequence_parallel: Megatron sequence parallelism with TP (activations sharded by tp).
         dp_buckets: gradient buckets per pipeline stage for the DP all-reduce.
         dispatch_dtype: element type of the EP dispatch all-to-all (``fp8`` as in DeepSeek-V3
@@ -147,6 +152,7 @@ class ParallelConfig(NumbersNotBooleans):
     dtype: Dtype = "bf16"
     zero_stage: Literal[0, 1, 2, 3] = 0
     recompute: Literal["none", "selective", "full"] = "selective"
+    attention: Literal["flash", "unfused"] = "flash"
     sequence_parallel: bool = True
     dp_buckets: int = Field(default=4, ge=1)
     dispatch_dtype: Literal["bf16", "fp8"] = "bf16"

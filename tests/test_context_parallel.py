@@ -111,3 +111,34 @@ def test_impossible_cp_settings_give_one_error_line(args, message, tmp_path, mon
                                    "--microbatches", "4", "--pp", "2", *args])
     assert res.exit_code == 2
     assert message in res.stderr.replace("\n", " ") and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("kind", ["ring", "allgather", "ulysses"])
+def test_the_per_operator_model_divides_by_cp_like_the_flat_one(kind):
+    """Per-operator FLOPs of a chunk equal the flat model's model FLOPs at every CP degree (the
+    per-operator model once costed whole sequences per GPU, 16x too much at cp 16), and MFU =
+    HFU when nothing is recomputed."""
+    from simtrain.cost_models import CostChoice, hfu
+    from simtrain.costs.ops import chunk_breakdown, ops_runtime
+
+    for cp in (1, 4):
+        par = ParallelConfig(tp=2, pp=2, cp=cp, cp_kind=kind, seq_len=S, microbatches=4, recompute="none")
+        rt = ops_runtime(MODEL, par, H100)
+        costs = stage_costs(MODEL, par, H100, 2)
+        for c in costs.chunks:
+            ops = chunk_breakdown(rt.ctx, c.layers, c.has_embedding, c.has_head, c.params)
+            assert sum(o.flops[0] for o in ops) == pytest.approx(c.forward_flops, rel=1e-9)
+        run = run_schedule("1f1b", MODEL, H100, par, runtime=rt)
+        assert hfu(run, MODEL, par, H100, CostChoice("ops")) == pytest.approx(run.report.mfu)
+
+
+def test_ring_overlap_is_bounded_by_the_per_operator_attention_time():
+    """Under the per-operator model the KV ring hides behind (cp-1)/cp of *its* attention time."""
+    from simtrain.costs.ops import ATTENTION_CORE, chunk_breakdown, ops_runtime
+
+    par = ParallelConfig(tp=2, pp=2, cp=4, seq_len=S, microbatches=4, recompute="none")
+    rt = ops_runtime(MODEL, par, H100)
+    for c in rt(stage_costs(MODEL, par, H100, 2)).chunks:
+        ops = chunk_breakdown(rt.ctx, c.layers, c.has_embedding, c.has_head, c.params)
+        attn = sum(o.seconds[0] for o in ops if o.name in ATTENTION_CORE)
+        assert c.cp_hide_forward_s == pytest.approx(3 / 4 * attn)

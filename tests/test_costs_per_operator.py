@@ -154,3 +154,25 @@ def test_hfu_counts_recomputation_and_equals_mfu_without_it(recompute):
         assert hfu == pytest.approx(run.report.mfu)
     else:  # the forward rerun: between 1 and 4/3 of the model FLOPs (the head is not rerun)
         assert 1.2 * run.report.mfu < hfu < 4 / 3 * run.report.mfu
+
+
+def test_flash_attention_stores_no_scores_unfused_stores_them_unless_recomputed():
+    """FlashAttention keeps only the fp32 log-sum-exp per query row and head (Dao 2023, Alg. 1),
+    so with recompute none it stores (nearly) what selective does; unfused attention also stores
+    the a x s score matrix per token (Korthikanti et al. 2022 §4.1)."""
+    from simtrain.costs import stage_costs
+
+    m, h = load_model("llama3-8b"), load_profile("h100-sxm")
+    s, tp = 4096, 2
+
+    def act(**kw):
+        p = ParallelConfig(tp=tp, pp=2, microbatches=4, seq_len=s, **kw)
+        return sum(c.activation_bytes for c in stage_costs(m, p, h, 2).chunks), p
+
+    sel, _ = act(recompute="selective")
+    flash, p = act(recompute="none", attention="flash")
+    unfused, _ = act(recompute="none", attention="unfused")
+    assert act(recompute="selective", attention="unfused")[0] == sel
+    tokens = s * p.microbatch_size
+    assert flash - sel == pytest.approx(m.num_layers * tokens * 4 * m.num_heads / tp)
+    assert unfused - sel == pytest.approx(m.num_layers * tokens * m.num_heads * s * 2 / tp)

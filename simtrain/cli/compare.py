@@ -60,8 +60,9 @@ def compare(
              "efficiency) or ops (per-operator rooflines from kernel tables)")] = "auto",
     fp8: Annotated[Optional[str], typer.Option(
         help="gemms: FP8 linear-layer GEMMs, attention and memory-bound kernels in --dtype (--cost-model ops)")] = None,
-    attention: Annotated[str, typer.Option(
-        help="attention kernel for --cost-model ops: flash (fused) or unfused (materialised scores)")] = "flash",
+    attention: Annotated[Optional[str], typer.Option(
+        help="attention kernel: flash (fused; no score matrix stored) or unfused (materialised scores, stored "
+             "unless recomputed; priced per operator by --cost-model ops) [default: flash]")] = None,
     breakdown: Annotated[Optional[int], typer.Option(
         help="show where this stage's F, I, W time goes per operator (--cost-model ops; JSON key 'breakdown')")] = None,
     schedules: Annotated[Optional[str], typer.Option(
@@ -99,12 +100,12 @@ def compare(
     overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, cp=cp, cp_kind=cp_kind, microbatches=microbatches, microbatch_size=microbatch_size,
                      seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, trainable=trainable, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
-                     a2a_links=a2a_links, forward_only=True if forward_only else None)
+                     a2a_links=a2a_links, forward_only=True if forward_only else None, attention=attention)
     job = read_job(from_megatron, from_torchtitan, dp)
     for line in job.summary() if job else []:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
     st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)
-    choice = parse_cost_choice(cost_model, modules, fp8, attention, st.hardware, st.model)
+    choice = parse_cost_choice(cost_model, modules, fp8, st.parallel.attention, st.hardware, st.model)
     if breakdown is not None and choice.model != "ops":
         raise SimtrainError(f"--breakdown = {breakdown}: needs the per-operator cost model (--cost-model ops)")
     plan = _plan_compare(st, schedules, schedule_file, sweep, pp, microbatches)

@@ -16,7 +16,8 @@ class LayerShape:
     gemm_flops: float  # 2*K*N summed over linear layers, per token
     attn_flops: float  # attention-score FLOPs per token in F
     act_bytes: float  # stored activation bytes per token (recompute = none / selective)
-    score_bytes: float  # attention-score bytes per token (dropped by selective recomputation)
+    score_bytes: float  # attention-score bytes per token, unfused attention (dropped by selective recomputation)
+    lse_bytes: float  # FlashAttention's saved softmax log-sum-exp bytes per token (fp32 per head)
     w_bytes: float  # bytes per token that W needs after I
     input_bytes: float  # layer input bytes per token (what full recomputation stores)
     shared_bytes: float  # of act_bytes x tp: what every TP rank stores whole without sequence parallelism
@@ -108,6 +109,7 @@ def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int) 
         attn_flops=attn_flops / tp,
         act_bytes=(norms + attn + ffn) / tp,
         score_bytes=scores / tp,
+        lse_bytes=4 * a / tp,  # FlashAttention-2 (Dao 2023) Algorithm 1: L, one fp32 per query row and head
         w_bytes=w_bytes / tp,
         input_bytes=h * elem / tp,
         shared_bytes=shared,

@@ -40,6 +40,7 @@ from ..errors import SimtrainError
 from ..hardware import HardwareProfile
 from ..models import ModelSpec
 from ..parallel import ParallelConfig
+from .context import cp_declaration
 from .kernels import KernelRates, rates_for
 from .layers import linear_layers
 from .types import StageCosts
@@ -93,11 +94,21 @@ class _Ctx:
 
     @property
     def tokens(self) -> int:
-        return self.parallel.microbatch_size * self.seq
+        """Tokens of one microbatch on this GPU: ``b x s / cp`` (context parallelism splits every
+        sequence, :mod:`simtrain.costs.context`)."""
+        return self.parallel.microbatch_size * self.seq // self.parallel.cp
 
     @property
     def seq(self) -> int:
+        """The full sequence length ``s`` (what every query attends to, whatever the CP degree)."""
         return self.parallel.seq_len or self.model.seq_len
+
+    @property
+    def query_len(self) -> int:
+        """Queries per sequence in one attention kernel: ``s / cp`` under ring and all-gather CP
+        (each rank's block), ``s`` under Ulysses (all queries, a ``1 / cp`` share of the heads)."""
+        cp = self.parallel.cp
+        return self.seq if cp == 1 or self.parallel.cp_kind == "ulysses" else self.seq // cp
 
     @property
     def elem(self) -> int:
@@ -140,13 +151,14 @@ def _attention(ctx: _Ctx) -> list[OpCost]:
     dq, dv = m.q_head_dim, m.v_head_dim
     counted = ctx.tokens * heads * (2 * s * dq + 2 * s * dv)  # simtrain's F count (non-causal)
     if ctx.attention == "flash" and ctx.rates.attention:
-        rate = ctx.rates.attention_flops_per_s(s)
+        rate = ctx.rates.attention_flops_per_s(ctx.query_len)
         work = counted / 2  # causal: half the score matrix
         secs = (work / rate, 2 * work / (rate * ctx.rates.backward_ratio), 0.0)
         return [OpCost("attention", (counted, 2 * counted, 0.0), (0.0, 0.0, 0.0), secs, "compute")]
     ops = []
     core = dataclasses.replace(ctx, gemm_dtype=None)  # attention stays in the compute dtype
-    for name, (mm, nn, kk) in (("attn_scores", (s, s, dq)), ("attn_context", (s, dv, s))):
+    sq = ctx.tokens // b  # this rank's queries per sequence (all of them without CP)
+    for name, (mm, nn, kk) in (("attn_scores", (sq, s, dq)), ("attn_context", (sq, dv, s))):
         g = _gemm(name, mm, kk, nn, core, batch=b * heads).scaled(b * heads)
         # backward: two GEMMs of the forward's size (no weight gradient)
         ops.append(OpCost(name, (g.flops[0], 2 * g.flops[0], 0.0), (g.bytes[0], 2 * g.bytes[0], 0.0),
@@ -309,8 +321,11 @@ def _apply_with(ctx: _Ctx):
         for c in costs.chunks:
             ops = chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params, cache)
             f, i, w = (sum(o.seconds[p] for o in ops) for p in range(3))
+            attn_f, attn_i = (sum(o.seconds[p] for o in ops if o.name in ATTENTION_CORE) for p in range(2))
+            cp = cp_declaration(model, parallel, ctx.tokens, len(c.layers), attn_f, attn_i)  # what hides ring CP
             chunks.append(dataclasses.replace(c, forward_s=f, backward_input_s=i, backward_weight_s=w,
-                                              full_backward_s=None))
+                                              full_backward_s=None, cp_hide_forward_s=cp.hide_forward_s,
+                                              cp_hide_backward_s=cp.hide_backward_s))
         extra = GRAD_NORM_CLIP_BYTES_PER_PARAM / ctx.hbm_bytes_per_s
         shard = parallel.dp if parallel.zero_stage >= 1 else 1
         return dataclasses.replace(costs, chunks=tuple(chunks),
@@ -336,7 +351,7 @@ def step_hfu(run, runtime) -> float:
     cache: dict = {}
     redo = [next(o for o in chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params, cache)
                  if o.name == "recompute").flops[1] for c in costs.chunks]
-    tp = ctx.parallel.tp
+    tp = ctx.parallel.tp * ctx.parallel.cp  # GPUs sharing one stage's microbatch
     flops = sum((costs.chunks[sched.chunk_of(s)].model_flops + redo[sched.chunk_of(s)]) * tp
                 for mb in range(sched.num_microbatches) for s in sched.path(mb))
     # same step, GPUs and peak as the MFU: HFU / MFU = hardware FLOPs / model FLOPs

@@ -148,7 +148,8 @@ def _hardware_of(ref: HardwareRef) -> HardwareProfile:
 
 
 def _parallel_of(case: CaseFile, fig: FigureFile, where: str) -> ParallelConfig:
-    parallel = validate_model(ParallelConfig, {**case.settings, **fig.settings}, f"{where}: settings")
+    parallel = validate_model(ParallelConfig, {"attention": case.attention, **case.settings, **fig.settings},
+                              f"{where}: settings")
     expected = fig.global_batch or case.global_batch
     batch = parallel.dp * parallel.microbatches * parallel.microbatch_size
     if expected is not None and expected != batch:

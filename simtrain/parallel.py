@@ -113,6 +113,11 @@ class ParallelConfig(NumbersNotBooleans):
             and head, the backward recomputes the scores, so no score matrix is stored whatever
             ``recompute`` says) or ``unfused`` (materialised scores, Megatron-LM 2021 / BLOOM:
             stored unless recomputed). The per-operator cost model also prices the kernel by it.
+        activation_cache: dtype of the activations saved for the linear layers' backward:
+            ``compute`` (the compute dtype) or ``fp8`` (E4M3 with a 1 x 128-tile scale, DeepSeek-V3
+            §3.3.2 "low-precision storage": the inputs of the linear layers, in the stored
+            activations and in what a deferred W holds; output gradients, norms' and the
+            activation function's inputs stay in the compute dtype).
         sequence_parallel: Megatron sequence parallelism with TP (activations sharded by tp).
         dp_buckets: gradient buckets per pipeline stage for the DP all-reduce.
         dispatch_dtype: element type of the EP dispatch all-to-all (``fp8`` as in DeepSeek-V3
@@ -153,6 +158,7 @@ class ParallelConfig(NumbersNotBooleans):
     zero_stage: Literal[0, 1, 2, 3] = 0
     recompute: Literal["none", "selective", "full"] = "selective"
     attention: Literal["flash", "unfused"] = "flash"
+    activation_cache: Literal["compute", "fp8"] = "compute"
     sequence_parallel: bool = True
     dp_buckets: int = Field(default=4, ge=1)
     dispatch_dtype: Literal["bf16", "fp8"] = "bf16"

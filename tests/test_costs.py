@@ -16,9 +16,10 @@ H100 = load_profile("h100-sxm")
 
 
 def _gpt_layer(recompute: str, tp: int = 1, s: int = 2048, b: int = 1):
-    """Costs of one GPT-3-shaped layer: 96 layers cut into 96 one-layer chunks; chunk 1 is plain."""
+    """Costs of one GPT-3-shaped layer: 96 layers cut into 96 one-layer chunks; chunk 1 is plain.
+    Attention is unfused (materialised scores), the setting of Korthikanti et al. 2022."""
     model = load_model("gpt3-175b")
-    par = ParallelConfig(tp=tp, microbatch_size=b, seq_len=s, recompute=recompute)
+    par = ParallelConfig(tp=tp, microbatch_size=b, seq_len=s, recompute=recompute, attention="unfused")
     return model, stage_costs(model, par, H100, 96).chunks[1]
 
 
@@ -127,3 +128,27 @@ def test_calibrated_rates_drive_the_cost_model():
     # op-times replace everything, including the separate full-backward time
     fixed = stage_costs(model, par, hw, 3).with_op_times(1.0, 2.0, 3.0).chunks[1]
     assert fixed.backward_s == 5.0
+
+
+@pytest.mark.parametrize("name, sp", [("llama3-8b", True), ("llama3-8b", False), ("deepseek-v3", True)])
+def test_fp8_activation_cache_stores_linear_inputs_in_one_byte_and_a_scale(name, sp):
+    """--activation-cache fp8 (DeepSeek-V3 §3.3.2): each linear layer's saved input costs 1 + 4/128
+    bytes instead of 2, in the stored activations and in what W holds; output gradients stay BF16."""
+    from simtrain.costs.layers import FP8_CACHE_BYTES, linear_layers
+
+    model = load_model(name)
+    s, tp = 4096, 2
+    kw = dict(tp=tp, pp=2, microbatches=4, seq_len=s, recompute="none", sequence_parallel=sp)
+    if model.moe is not None:
+        kw.update(ep=8, dp=8)
+    base, fp8 = (stage_costs(model, ParallelConfig(**kw, activation_cache=c), H100, 2) for c in ("compute", "fp8"))
+    saved = 2 - FP8_CACHE_BYTES
+    for a, b in zip(base.chunks, fp8.chunks):
+        gemms = [linear_layers(model, layer) for layer in a.layers]
+        inputs = sum(sum(k * mult for k, _n, mult in g) for g in gemms)
+        shared = model.hidden_size if model.mla is not None else 0  # q/kv down projections read one x
+        assert a.weight_grad_bytes - b.weight_grad_bytes == pytest.approx(saved * inputs * s / tp)
+        extra = 0.0 if sp else saved * 2 * model.hidden_size * (1 - 1 / tp) * len(a.layers)  # replicated inputs
+        assert a.activation_bytes - b.activation_bytes == pytest.approx(
+            saved * (inputs - shared * len(a.layers)) * s / tp + extra * s)
+        assert b.forward_s == a.forward_s and b.params == a.params

@@ -63,6 +63,9 @@ def compare(
     attention: Annotated[Optional[str], typer.Option(
         help="attention kernel: flash (fused; no score matrix stored) or unfused (materialised scores, stored "
              "unless recomputed; priced per operator by --cost-model ops) [default: flash]")] = None,
+    activation_cache: Annotated[Optional[str], typer.Option(
+        help="dtype of the linear layers' saved inputs: compute, or fp8 (DeepSeek-V3's FP8 activation cache; "
+             "activations and deferred-W buffers) [default: compute]")] = None,
     breakdown: Annotated[Optional[int], typer.Option(
         help="show where this stage's F, I, W time goes per operator (--cost-model ops; JSON key 'breakdown')")] = None,
     schedules: Annotated[Optional[str], typer.Option(
@@ -100,7 +103,8 @@ def compare(
     overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, cp=cp, cp_kind=cp_kind, microbatches=microbatches, microbatch_size=microbatch_size,
                      seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, trainable=trainable, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
-                     a2a_links=a2a_links, forward_only=True if forward_only else None, attention=attention)
+                     a2a_links=a2a_links, forward_only=True if forward_only else None, attention=attention,
+                     activation_cache=activation_cache)
     job = read_job(from_megatron, from_torchtitan, dp)
     for line in job.summary() if job else []:
         err.print(line, markup=False, highlight=False, soft_wrap=True)

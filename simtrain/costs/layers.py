@@ -56,7 +56,14 @@ def linear_layers(model: ModelSpec, layer: int) -> list[tuple[int, int, float]]:
     return gemms
 
 
-def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int) -> LayerShape:
+FP8_CACHE_BYTES = 1 + 4 / 128
+"""Bytes per element of an activation cached in FP8 for a linear layer's backward: one E4M3 byte
+plus one fp32 scale per 1 x 128 tile (DeepSeek-V3 report, arXiv:2412.19437, §3.3.1 fine-grained
+quantization and §3.3.2 low-precision storage)."""
+
+
+def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int,
+                cache_elem: float | None = None) -> LayerShape:
     """Per-token FLOPs and bytes of ``layer`` on one of ``tp`` GPUs; ``elem`` = bytes/element."""
     h, a, s = model.hidden_size, model.num_heads, seq_len
     gemms = linear_layers(model, layer)
@@ -94,8 +101,13 @@ def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int) 
         f = model.ffn_hidden_size
         ffn = elem * (h + (3 * f if model.activation == "swiglu" else 2 * f))
     ffn += mask * h
-    # What W needs after I: every linear layer's input and the gradient of its output.
-    w_bytes = sum((k + n) * mult for k, n, mult in gemms) * elem
+    # What W needs after I: every linear layer's input and the gradient of its output. With an
+    # FP8 cache (``cache_elem``) the saved inputs of the linear layers take cache_elem bytes
+    # each, in the stored activations and in what W holds; output gradients stay in ``elem``.
+    cache = elem if cache_elem is None else cache_elem
+    inputs = sum(k * mult for k, _n, mult in gemms) - (h if model.mla is not None else 0)  # q/kv down share x
+    w_bytes = sum(k * mult for k, _n, mult in gemms) * cache + sum(n * mult for _k, n, mult in gemms) * elem
+    saved = (elem - cache) * inputs  # per token, what the FP8 cache saves in the stored activations
     # Memory-bound kernels (each reads its inputs and writes its output once), per class: two
     # norms (F: x -> y; backward: x, dy -> dx), the FFN activation (GeLU F: 1 + 1, backward:
     # 2 + 1; SwiGLU F: 2 + 1, backward: 3 + 2) over every token's expert widths, and two residual
@@ -107,12 +119,12 @@ def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int) 
     return LayerShape(
         gemm_flops=gemm_flops / tp,
         attn_flops=attn_flops / tp,
-        act_bytes=(norms + attn + ffn) / tp,
+        act_bytes=(norms + attn + ffn - saved) / tp,
         score_bytes=scores / tp,
         lse_bytes=4 * a / tp,  # FlashAttention-2 (Dao 2023) Algorithm 1: L, one fp32 per query row and head
         w_bytes=w_bytes / tp,
         input_bytes=h * elem / tp,
-        shared_bytes=shared,
+        shared_bytes=shared - (elem - cache) * 2 * h,  # the two first-GEMM inputs are cached too
         ew_forward=dict(norm=4 * h * elem / tp, activation=act_f * elem / tp, add=6 * h * elem / tp),
         ew_backward=dict(norm=6 * h * elem / tp, activation=act_b * elem / tp, add=6 * h * elem / tp),
     )

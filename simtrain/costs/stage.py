@@ -15,7 +15,7 @@ from ..network import Collective
 from ..parallel import ParallelConfig
 from .context import check_context_parallel, cp_declaration
 from .trainable import check_trainable, is_frozen, layer_adapter
-from .layers import elementwise_s, gemm_seconds, layer_shape, linear_layers
+from .layers import FP8_CACHE_BYTES, elementwise_s, gemm_seconds, layer_shape, linear_layers
 from .types import OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts, static_bytes_per_param
 
 def split_layers(num_layers: int, num_chunks: int) -> list[int]:
@@ -102,7 +102,8 @@ def layer_terms(st: _Setting, layer: int) -> LayerTerms:
     """The :class:`LayerTerms` of ``layer``."""
     model, parallel, tokens = st.model, st.parallel, st.tokens
     tp = parallel.tp
-    ls = layer_shape(model, layer, st.seq_len, tp, st.elem)
+    ls = layer_shape(model, layer, st.seq_len, tp, st.elem,
+                     FP8_CACHE_BYTES if parallel.activation_cache == "fp8" else None)
     gf, gi, gw = gemm_seconds(linear_layers(model, layer), tokens, tp, model.hidden_size, st.hardware, parallel.dtype)
     attn_f = ls.attn_flops * tokens / st.attn_f_rate
     ew_f = elementwise_s({k: v * tokens for k, v in ls.ew_forward.items()}, st.hardware)

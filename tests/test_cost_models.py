@@ -71,7 +71,7 @@ def test_compare_breakdown_json_key_matches_the_table():
     (["--cost-model", "flat", "--breakdown", "0"], "--cost-model ops"),
     (["--breakdown", "7"], "choose a stage from 0 to 3"),
     (["--cost-model", "roofline"], "choose auto, flat or ops"),
-    (["--cost-model", "ops", "--attention", "sparse"], "choose flash or unfused"),
+    (["--cost-model", "ops", "--attention", "sparse"], "--attention = 'sparse': Input should be 'flash' or 'unfused'"),
 ])
 def test_bad_cost_flags_give_one_error_line(args, needle):
     res = invoke("compare", *SMALL, *args, "--json")

@@ -50,7 +50,6 @@ class ScheduleInfo:
 REGISTRY: dict[str, ScheduleInfo] = {
     "gpipe": ScheduleInfo(gpipe, "GPipe: all forwards then all backwards (Huang et al. 2019)"),
     "1f1b": ScheduleInfo(one_f_one_b, "1F1B / PipeDream-Flush (Narayanan et al. 2021)"),
-    "eager-1f1b": ScheduleInfo(eager_1f1b, "Eager 1F1B: 2(p-r)-1 warm-up forwards (PaddlePaddle Eager1F1B pass)"),
     "interleaved-1f1b": ScheduleInfo(
         interleaved_1f1b, "Interleaved 1F1B, looped placement (Megatron-LM 2021 §2.2.2)", uses_vp=True),
     "looped-bfs": ScheduleInfo(
@@ -66,6 +65,7 @@ REGISTRY: dict[str, ScheduleInfo] = {
         dualpipev, "DualPipeV: DualPipe cut in half, V placement (Sea AI Lab; deepseek-ai/DualPipe)"),
     "v-half": ScheduleInfo(v_half, "V-Half: V placement, 1/2 of 1F1B's activations (Qi et al. 2024, arXiv:2405.15362)"),
     "v-min": ScheduleInfo(v_min, "V-Min: V placement, 1/3 of 1F1B's activations (Qi et al. 2024, arXiv:2405.15362)"),
+    "eager-1f1b": ScheduleInfo(eager_1f1b, "Eager 1F1B: 2(p-r)-1 warm-up forwards (PaddlePaddle Eager1F1B pass)"),
 }
 
 

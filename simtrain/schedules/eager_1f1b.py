@@ -1,8 +1,10 @@
 """Eager 1F1B: 1F1B with a warm-up of ``2(p - r) - 1`` forwards on rank r instead of ``p - r - 1``,
-so that each forward's send to the next rank can overlap the following compute (PaddlePaddle,
-``python/paddle/distributed/passes/pipeline_scheduler_pass/pipeline_eager_1f1b.py``,
-``PipelineEager1F1BPass._create_job_list``, the ``Eager1F1B`` schedule mode of its auto-parallel
-pipeline).
+in the order of PaddlePaddle's auto-parallel ``Eager1F1B`` schedule mode
+(``python/paddle/distributed/passes/pipeline_scheduler_pass/pipeline_eager_1f1b.py``,
+``PipelineEager1F1BPass._create_job_list``). Its forwards run ahead of 1F1B's, so a forward's
+send to the next rank has a slot of compute to hide behind; sail-sg's demo of the building-block
+framework of arXiv:2405.15362 (huggingface.co/spaces/sail/pipeline-parallelism-with-controllable-memory,
+description2.md) builds it as its example of a schedule that squeezing improves.
 
 Rank r runs, with ``w = 2(p - r) - 1``:
 

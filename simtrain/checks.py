@@ -38,9 +38,9 @@ MAX_OP_TIME_S = 1e6
 """Largest fixed op-time (``--op-times``, a scenario's ``op_times``): 11 days per action. Larger
 values can only be a mistake, and near 1e308 the step time overflows to infinity."""
 
-_STAGES_PER_RANK = {"zbv": 2, "dualpipe": 2, "dualpipev": 2}
+_STAGES_PER_RANK = {"zbv": 2, "dualpipe": 2, "dualpipev": 2, "v-half": 2, "v-min": 2}
 """Stages per rank of the schedules with a fixed count above 1 (README, table of schedules)."""
-_SPLIT_BACKWARD = {"interleaved-zb", "zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev"}
+_SPLIT_BACKWARD = {"interleaved-zb", "zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev", "v-half", "v-min"}
 """Schedules whose backward is split into I and W (three actions per stage and microbatch)."""
 _PAIRED = {"dualpipe", "dualpipev"}
 """Schedules with overlapped F&B pairs, lowered layer by layer (simtrain.lowering)."""

@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .controllable_memory import v_half, v_min
 from .dualpipe import dualpipe
 from .dualpipev import dualpipev
+from .eager_1f1b import eager_1f1b
 from .gpipe import gpipe
 from .interleaved import interleaved_1f1b
 from .interleaved_zb import interleaved_zero_bubble
@@ -61,6 +63,9 @@ REGISTRY: dict[str, ScheduleInfo] = {
         dualpipe, "DualPipe: two directions, overlapped F&B pairs (DeepSeek-V3 report §3.2.1)"),
     "dualpipev": ScheduleInfo(
         dualpipev, "DualPipeV: DualPipe cut in half, V placement (Sea AI Lab; deepseek-ai/DualPipe)"),
+    "v-half": ScheduleInfo(v_half, "V-Half: V placement, 1/2 of 1F1B's activations (Qi et al. 2024, arXiv:2405.15362)"),
+    "v-min": ScheduleInfo(v_min, "V-Min: V placement, 1/3 of 1F1B's activations (Qi et al. 2024, arXiv:2405.15362)"),
+    "eager-1f1b": ScheduleInfo(eager_1f1b, "Eager 1F1B: 2(p-r)-1 warm-up forwards (PaddlePaddle Eager1F1B pass)"),
 }
 
 

@@ -5,6 +5,7 @@ formula, the lanes of the dashboard and the error lines of impossible values."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -66,6 +67,28 @@ def test_an_activation_needed_soon_stays_on_the_gpu():
     expected = {f"offload {a}" for i, a in enumerate(order) if a.kind == "F"
                 and names.index(str(a).replace("F", "B")) - i - 1 >= MIN_STEPS_BETWEEN}
     assert set(out[out["rank"] == 0]["name"]) == expected and expected
+
+
+@pytest.mark.parametrize("schedule,kw", [("gpipe", {}), ("interleaved-1f1b", dict(vp=2)), ("zbv", {}),
+                                         ("dualpipev", dict(dp=2)), ("dualpipe", {}), ("zbv", dict(zero_stage=2, dp=2)),
+                                         ("1f1b", dict(zero_stage=3, dp=2))])
+@pytest.mark.parametrize("queues", [None, 1])
+def test_copies_follow_their_actions_in_every_schedule(schedule, kw, queues):
+    """Virtual stages, split backwards (I first), F&B pairs and ZeRO-2/3 lower without deadlock:
+    each offload starts when its F has ended and each backward starts after its reload ended."""
+    trace = _run(schedule, pp=4, tp=2, microbatches=8, offload="activations=0.5", hardware_queues=queues,
+                 **kw).result.trace
+    copies = trace[trace["kind"] == "offload"]
+    assert len(copies) > 0
+    compute = trace[trace["category"] == "compute"]
+    for _, c in copies.iterrows():
+        kind = re.fullmatch(r"(offload|reload) \d+([FBI])\d+", c["name"]).group(2)
+        mine = compute[(compute["stage"] == c["stage"]) & (compute["microbatch"] == c["microbatch"])
+                       & (compute["kind"] == kind)]
+        if kind == "F":
+            assert c["start_s"] >= mine["end_s"].max() - 1e-12
+        else:
+            assert mine["start_s"].min() >= c["end_s"] - 1e-12
 
 
 def test_slow_copies_show_in_the_step_time():

@@ -52,7 +52,8 @@ def check_offload(low: Lowering) -> None:
     hardware = low.topology.hardware
     if low.topology.parallel.offload_fraction > 0 and hardware.host_link is None:
         raise SimtrainError(
-            f"--offload = {low.topology.parallel.offload!r}: hardware profile {hardware.name} has no field 'pcie' "
+            f"--offload (field 'parallel.offload') = {low.topology.parallel.offload!r}: hardware profile "
+            f"{hardware.name} has no field 'pcie' "
             "(the GPU-to-host link); add pcie: {name, bandwidth_gb_per_s} (per direction, from the datasheet) to "
             "the profile, or use --offload none"
         )
@@ -80,23 +81,27 @@ def add_offload(low: Lowering) -> None:
         ports = {op: topology.route(Collective(op, "host", 0.0), rank).resources for op in ("d2h", "h2d")}
         steps = [parts for act in order if (parts := [a for a in act.parts if a in low.first])]
         step_of = {a: i for i, parts in enumerate(steps) for a in parts}
-        for i, parts in enumerate(steps):
-            for f in (a for a in parts if a.kind == "F"):
-                b = _backward_of(low, f)
-                if b is None or step_of[b] - i - 1 < MIN_STEPS_BETWEEN:
-                    continue
-                nbytes = fraction * low.chunk[f.stage].activation_bytes
-                seconds = {op: topology.seconds(Collective(op, "host", nbytes), rank) if low.comm else 0.0
-                           for op in ("d2h", "h2d")}
-                out = low.graph.add(
-                    name=f"offload {f}", rank=rank, category="comm", kind="offload", stream="offload",
-                    duration_s=seconds["d2h"], deps=[low.last[f].tid], resources=ports["d2h"], stage=f.stage,
-                    microbatch=f.microbatch, nbytes=nbytes, mem_end=[(rank, -nbytes)],
-                )
-                back = low.graph.add(
-                    name=f"reload {b}", rank=rank, category="comm", kind="offload", stream="reload",
-                    duration_s=seconds["h2d"], deps=[out.tid, *(low.last[p].tid for p in steps[step_of[b] - 2])],
-                    resources=ports["h2d"], stage=b.stage, microbatch=b.microbatch, nbytes=nbytes,
-                    mem_start=[(rank, nbytes)],
-                )
-                low.first[b].deps.append(back.tid)
+        kept = [(i, f, b) for i, parts in enumerate(steps) for f in parts if f.kind == "F"
+                and (b := _backward_of(low, f)) is not None and step_of[b] - i - 1 >= MIN_STEPS_BETWEEN]
+        out: dict[Action, int] = {}
+        for _, f, _ in kept:  # the offload stream in forward order
+            nbytes = fraction * low.chunk[f.stage].activation_bytes
+            out[f] = low.graph.add(
+                name=f"offload {f}", rank=rank, category="comm", kind="offload", stream="offload",
+                duration_s=_copy_s(low, "d2h", nbytes, rank), deps=[low.last[f].tid], resources=ports["d2h"],
+                stage=f.stage, microbatch=f.microbatch, nbytes=nbytes, mem_end=[(rank, -nbytes)],
+            ).tid
+        for _, f, b in sorted(kept, key=lambda k: step_of[k[2]]):  # the reload stream in backward order
+            nbytes = fraction * low.chunk[f.stage].activation_bytes
+            back = low.graph.add(
+                name=f"reload {b}", rank=rank, category="comm", kind="offload", stream="reload",
+                duration_s=_copy_s(low, "h2d", nbytes, rank),
+                deps=[out[f], *(low.last[p].tid for p in steps[step_of[b] - 2])], resources=ports["h2d"],
+                stage=b.stage, microbatch=b.microbatch, nbytes=nbytes, mem_start=[(rank, nbytes)],
+            )
+            low.first[b].deps.append(back.tid)
+
+
+def _copy_s(low: Lowering, op: str, nbytes: float, rank: int) -> float:
+    """Seconds of one ``d2h`` / ``h2d`` copy of ``nbytes`` on ``rank`` (0 with ``--no-comm``)."""
+    return low.topology.seconds(Collective(op, "host", nbytes), rank) if low.comm else 0.0

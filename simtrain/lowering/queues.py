@@ -17,7 +17,11 @@ in the order :data:`STREAM_ORDER`, go to queue ``i mod hardware_queues``, and ev
 stream holds its queue (an engine resource named ``hwqueue-<rank>-<queue>``) while it runs, so
 two streams on one queue never run at once. That is the whole false serialisation of a shared
 queue, an upper bound: a real queue can still run two adjacent kernels of different streams
-together. Stream-less transfers (p2p sends, EP all-to-all parts) hold no queue.
+together. Stream-less transfers (p2p sends, EP all-to-all parts) hold no queue. The part of the
+TP collectives that ``--tp-overlap`` hides runs inside the GEMM operator (Transformer Engine's
+userbuffers pipeline the GEMM's chunks with the exchange), so it needs no queue of its own; only
+the exposed rest runs on the ``tp`` stream. The launch order that Megatron's single queue
+guarantees is not modelled: the hidden part is assumed hidden whatever the queue count.
 """
 
 from __future__ import annotations

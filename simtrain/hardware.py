@@ -103,6 +103,23 @@ class InterNodeLinkFile(_Strict):
     nodes: int | None = Field(default=None, ge=1, description="nodes in the cluster; bounds group sizes (optional)")
 
 
+class HostLinkFile(_Strict):
+    """``pcie:`` section (optional): the GPU's link to host memory that activation offload copies
+    over (PCIe, or NVLink-C2C on Grace-Blackwell), per GPU and per direction (it is full duplex).
+
+    Attributes:
+        name: the link's name (``PCIe Gen5 x16``).
+    """
+
+    name: str
+    bandwidth_gb_per_s: Bandwidth = Field(description="per GPU, per direction (datasheet)")
+    latency_us: Latency = Field(default=0.0, description="per copy (optional; default 0)")
+    efficiency: float = Field(
+        default=1.0, gt=0, le=1, description="achieved / nominal bandwidth of a pinned-memory copy (from a "
+        "copy microbenchmark such as nvbandwidth); default 1: the datasheet figure",
+    )
+
+
 class EfficiencyFile(_Strict):
     """``efficiency:`` section: achieved fractions of peak, replaced by calibration."""
 
@@ -206,6 +223,7 @@ class ProfileFile(_Strict):
         inter_node: the scale-out network.
         efficiency: achieved fractions of peak (replaced by calibration).
         overlap: how an overlapped F&B pair runs.
+        pcie: the GPU-to-host link (activation offload), or None where the profile lacks it.
         compute: measured kernel rates and overheads (``simtrain calibrate`` writes it).
         calibration: provenance of a calibrated profile (free-form, written by ``simtrain calibrate``).
     """
@@ -221,6 +239,7 @@ class ProfileFile(_Strict):
     inter_node: InterNodeLinkFile
     efficiency: EfficiencyFile
     overlap: OverlapFile = Field(default_factory=OverlapFile)
+    pcie: HostLinkFile | None = None
     compute: ComputeFile | None = None
     calibration: dict | None = None
 
@@ -354,6 +373,7 @@ class HardwareProfile:
             processor per GPU (``compute.processors_per_node``).
         optimizer_bytes_per_s: rate of the optimizer step in the bytes the cost model counts, or
             None for the HBM bandwidth (``compute.optimizer_gb_per_s``).
+        host_link: the GPU-to-host link (``pcie:``), or None where the profile has no figure.
     """
 
     name: str
@@ -378,6 +398,7 @@ class HardwareProfile:
     message_overhead_s: float = 0.0
     processors_per_node: int | None = None
     optimizer_bytes_per_s: float | None = None
+    host_link: Link | None = None
 
     def linear_flops_per_s(self, tokens: float, fan_in: float, fan_out: float, kind: str, dtype: str) -> float:
         """Achieved FLOP/s of the ``kind`` (F, I or W) GEMM of a linear layer in ``dtype``.
@@ -494,6 +515,9 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
         message_overhead_s=comp.message_overhead_us * US,
         processors_per_node=comp.processors_per_node,
         optimizer_bytes_per_s=comp.optimizer_gb_per_s * GB if comp.optimizer_gb_per_s else None,
+        host_link=None if pf.pcie is None else Link(
+            name=pf.pcie.name, bandwidth_bytes_per_s=pf.pcie.bandwidth_gb_per_s * GB, latency_s=pf.pcie.latency_us * US,
+            efficiency=pf.pcie.efficiency, peer_bandwidth_bytes_per_s=pf.pcie.bandwidth_gb_per_s * GB),
     )
 
 

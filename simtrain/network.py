@@ -29,11 +29,13 @@ from typing import Literal
 from .collectives import Group as Placement
 from .collectives import estimate_group
 from .deepep import FORWARD_CEILING_BYTES_PER_S
+from .errors import SimtrainError
 from .hardware import HardwareProfile, Link
 from .parallel import GroupDim, ParallelConfig
 
-CollectiveOp = Literal["all-reduce", "reduce-scatter", "all-gather", "all-to-all", "p2p"]
-"""The communication operations simtrain prices (nccl-tests names)."""
+CollectiveOp = Literal["all-reduce", "reduce-scatter", "all-gather", "all-to-all", "p2p", "d2h", "h2d"]
+"""The communication operations simtrain prices (nccl-tests names; ``d2h`` / ``h2d``: a copy from
+the GPU to host memory and back, over the profile's ``pcie`` link)."""
 
 
 def ring_reduce_scatter_s(nbytes: float, n: int, link: Link, bandwidth_bytes_per_s: float) -> float:
@@ -64,7 +66,7 @@ class Collective:
     Attributes:
         op: the operation.
         dim: the parallel dimension of the group (``tp``, ``cp``, ``dp``, ``ep``, ``expert_dp``; ``pp`` for
-            p2p); the group itself follows from :meth:`simtrain.parallel.ParallelConfig.group`.
+            p2p; ``host`` for a ``d2h`` / ``h2d`` copy); the group itself follows from :meth:`simtrain.parallel.ParallelConfig.group`.
         nbytes: bytes of the buffer (all-reduce / reduce-scatter input, all-gather output, the
             message of a p2p, everything one GPU sends in an all-to-all, local copies included).
         repeat: how many identical collectives back to back (e.g. 4 per layer x layers).
@@ -75,7 +77,7 @@ class Collective:
     """
 
     op: CollectiveOp
-    dim: GroupDim | Literal["pp"]
+    dim: GroupDim | Literal["pp", "host"]
     nbytes: float
     repeat: int = 1
     link_bytes: tuple[tuple[str, float], ...] = ()
@@ -157,6 +159,21 @@ class Topology:
             return Route(hw.intra_node, hw.intra_node.peer_bandwidth_bytes_per_s, self._ports("nvlink", src, dst))
         return Route(hw.inter_node, hw.nic_bandwidth_per_gpu_bytes_per_s, self._ports("nic", src, dst))
 
+    def host_route(self, pp_rank: int, op: str) -> Route:
+        """Route of a copy between ``pp_rank``'s GPU and host memory: the profile's ``pcie`` link at
+        its per-direction bandwidth; a ``d2h`` copy holds the port ``pcie:<rank>:out``, an ``h2d``
+        copy ``pcie:<rank>:in`` (the link is full duplex: offloads and reloads do not contend).
+
+        Raises:
+            SimtrainError: the profile has no ``pcie`` figure.
+        """
+        link = self.hardware.host_link
+        if link is None:
+            raise SimtrainError(f"hardware profile {self.hardware.name}: field 'pcie' is missing, so activation "
+                                "offload cannot be priced; add pcie: {name, bandwidth_gb_per_s} (per direction, "
+                                "from the datasheet) or drop --offload")
+        return Route(link, link.bandwidth_bytes_per_s, (f"pcie:{pp_rank}:{'out' if op == 'd2h' else 'in'}",))
+
     def gradient_route(self, pp_rank: int, holders: tuple[int, ...]) -> Route:
         """Route of the gradient reduction of a model chunk held by pipeline ranks ``holders`` (one
         rank, or DualPipe's two copies), over all their DP replicas, seen from ``pp_rank``."""
@@ -186,6 +203,8 @@ class Topology:
         """
         if c.op == "p2p":
             return self.p2p(pp_rank, peer)
+        if c.op in ("d2h", "h2d"):
+            return self.host_route(pp_rank, c.op)
         lo, hi = self.parallel.group(c.dim, pp_rank, holders).span
         per_node = self.hardware.gpus_per_node
         return self._collective_route(pp_rank, lo // per_node == hi // per_node)
@@ -201,8 +220,8 @@ class Topology:
         if c.op == "all-to-all":  # repeat counts for a uniform one (an EP one's bytes are its whole)
             return (1 if c.link_bytes else c.repeat) * max((p.seconds() for p in self.all_to_all(c, pp_rank)),
                                                            default=0.0)
-        if c.op == "p2p":
-            return self.route(c, pp_rank, holders, peer).transfer_s(c.nbytes)
+        if c.op in ("p2p", "d2h", "h2d"):
+            return c.repeat * self.route(c, pp_rank, holders, peer).transfer_s(c.nbytes)
         return c.repeat * estimate_group(c.op, c.nbytes, self.hardware, self.placement(c.dim, pp_rank, holders)).time_s
 
     def placement(self, dim: GroupDim, pp_rank: int, holders: tuple[int, ...] | None = None) -> Placement:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .errors import NumbersNotBooleans
 from .hardware import Dtype
@@ -34,6 +34,29 @@ activations and the parameter copy used by the kernels in 16-bit)."""
 
 GroupDim = Literal["tp", "cp", "dp", "ep", "expert_dp"]
 """The parallel dimensions a collective can run over."""
+
+
+def parse_offload(text: str) -> float:
+    """Parse ``--offload``: ``none`` or ``activations[=FRACTION]`` (FRACTION in (0, 1], default 1).
+
+    Returns:
+        The fraction of each microbatch's saved activation bytes copied to host memory after its
+        forward (0 for ``none``; see :mod:`simtrain.lowering.offload`).
+
+    Raises:
+        ValueError: anything else, saying what is allowed.
+    """
+    kind, eq, arg = text.partition("=")
+    if text == "none":
+        return 0.0
+    if kind == "activations":
+        try:
+            fraction = float(arg) if eq else 1.0
+        except ValueError:
+            fraction = float("nan")
+        if 0.0 < fraction <= 1.0:
+            return fraction
+    raise ValueError("expected none or activations[=FRACTION] with FRACTION in (0, 1], e.g. activations=0.5")
 
 
 def parse_trainable(text: str) -> tuple[int, frozenset[int]]:
@@ -140,6 +163,22 @@ class ParallelConfig(NumbersNotBooleans):
             Hu et al. 2021, "LoRA", §4); ``frozen-layers:LIST`` (the listed transformer layers,
             e.g. ``0-15,20``, frozen). Frozen parameters have no W pass, no gradient and no
             optimizer state.
+        offload: activation offload (:mod:`simtrain.lowering.offload`; PipeOffload, Wan et al.,
+            ICML 2025, arXiv:2503.01328; Megatron-Core's fine-grained activation offloading):
+            ``none``, or ``activations[=FRACTION]``: FRACTION (default 1) of each microbatch's
+            saved activation bytes is copied to host memory over the profile's ``pcie`` link after
+            its forward and copied back before its backward.
+        tp_overlap: Megatron's overlap of the TP collectives with the neighbouring GEMMs
+            (``--tp-comm-overlap``, Transformer Engine userbuffers; see
+            :func:`simtrain.lowering.chains.tp_seconds`).
+        tp_overlap_fraction: with ``tp_overlap``, the fraction of an action's compute time that
+            can hide its TP collectives (units-free, 0 to 1; default 1: full overlap, limited only
+            by the compute time).
+        hardware_queues: CUDA_DEVICE_MAX_CONNECTIONS, the hardware work queues a rank's streams
+            share (CUDA C++ Programming Guide, "CUDA Environment Variables": 1 to 32, default 8).
+            None: every stream on a queue of its own (simtrain's ranks use at most seven streams,
+            fewer than CUDA's default 8). With fewer queues than streams, streams sharing a queue
+            run one task at a time (:func:`simtrain.lowering.queues.add_hardware_queues`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -168,6 +207,15 @@ class ParallelConfig(NumbersNotBooleans):
     waves: int | None = Field(default=None, ge=1)
     forward_only: bool = False
     rank_order: Literal["tp-pp-dp", "tp-dp-pp"] | None = None
+    offload: str = "none"
+    tp_overlap: bool = False
+    tp_overlap_fraction: float = Field(default=1.0, ge=0.0, le=1.0)
+    hardware_queues: int | None = Field(default=None, ge=1, le=32)
+
+    @property
+    def offload_fraction(self) -> float:
+        """Fraction of saved activation bytes offloaded to the host (0 without offload)."""
+        return parse_offload(self.offload)
 
     @model_validator(mode="after")
     def _order_fits_ep(self) -> ParallelConfig:
@@ -177,10 +225,10 @@ class ParallelConfig(NumbersNotBooleans):
         return self
     trainable: str = "all"
 
-    @field_validator("trainable")
+    @field_validator("trainable", "offload")
     @classmethod
-    def _trainable_valid(cls, v: str) -> str:
-        parse_trainable(v)
+    def _parses(cls, v: str, info: ValidationInfo) -> str:
+        {"trainable": parse_trainable, "offload": parse_offload}[info.field_name](v)
         return v
 
     @property

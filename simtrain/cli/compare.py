@@ -55,6 +55,15 @@ def compare(
              "e.g. norm,mla_up,swiglu (memory is then kept as for none)")] = None,
     trainable: Annotated[Optional[str], typer.Option(
         help="which weights train: all, lora:RANK, frozen-layers:LIST (e.g. 0-15,20)")] = None,
+    offload: Annotated[Optional[str], typer.Option(
+        help="activation offload to host memory over the profile's pcie link: none or activations[=FRACTION] "
+             "(FRACTION in (0, 1], default 1)")] = None,
+    tp_overlap: Annotated[bool, typer.Option(
+        "--tp-overlap", help="overlap TP collectives with the neighbouring GEMMs (Megatron --tp-comm-overlap)")] = False,
+    tp_overlap_fraction: Annotated[Optional[float], typer.Option(
+        help="with --tp-overlap: fraction of an action's compute that hides its TP collectives (0-1, default 1)")] = None,
+    hardware_queues: Annotated[Optional[int], typer.Option(
+        help="CUDA_DEVICE_MAX_CONNECTIONS: hardware work queues a rank's streams share (1-32; default: one per stream)")] = None,
     cost_model: Annotated[str, typer.Option(
         help="compute cost model: auto (ops where the profile has kernel tables, else flat), flat (one GEMM "
              "efficiency) or ops (per-operator rooflines from kernel tables)")] = "auto",
@@ -104,7 +113,8 @@ def compare(
                      seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, trainable=trainable, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
                      a2a_links=a2a_links, forward_only=True if forward_only else None, attention=attention,
-                     activation_cache=activation_cache)
+                     activation_cache=activation_cache, offload=offload, tp_overlap=True if tp_overlap else None,
+                     tp_overlap_fraction=tp_overlap_fraction, hardware_queues=hardware_queues)
     job = read_job(from_megatron, from_torchtitan, dp)
     for line in job.summary() if job else []:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -285,6 +295,9 @@ def _subtitle(spec: ModelSpec, hw: HardwareProfile, parallel: ParallelConfig,
         f"{parallel.seq_len or spec.seq_len} tokens, {parallel.dtype}"
         + (f", op-times F,I,W = {times}" if times else "") + ("" if comm else ", no communication")
         + (", forward only" if parallel.forward_only else "")
+        + (f", offload {parallel.offload}" if parallel.offload_fraction > 0 else "")
+        + (f", TP overlap {parallel.tp_overlap_fraction:g}" if parallel.tp_overlap else "")
+        + (f", {parallel.hardware_queues} hardware queues" if parallel.hardware_queues else "")
     )
 
 

@@ -50,6 +50,8 @@ ATTENTION_CORE = ("attention", "attn_scores", "attn_context", "softmax", "attn_d
 LAYER_OPS = ("qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out", "router", "ffn_up", "ffn_down",
              *ATTENTION_CORE, "norm", "residual", "dropout", "activation", "rotary")
 """Names of a transformer layer's operators, as ``--recompute MODULE,...`` takes them."""
+LINEAR_OPS = LAYER_OPS[:9]
+"""The linear-layer GEMMs among :data:`LAYER_OPS` (``qkv`` to ``ffn_down``)."""
 ALIASES = {"attn_core": ATTENTION_CORE, "swiglu": ("activation",), "gelu": ("activation",),
            "mla_up": ("q_up", "kv_up"), "mlp": ("ffn_up", "activation", "ffn_down"), "ffn": ("ffn_up", "activation", "ffn_down")}
 """Group names accepted by ``--recompute`` (DeepSeek-V3 §3.2.3 recomputes ``norm,mla_up``)."""
@@ -310,6 +312,15 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
     return _apply_with(ctx)
 
 
+def _linear_seconds(ctx: _Ctx, ops: list[OpCost]) -> tuple[float, float, float]:
+    """F, I (with the reruns of recomputation) and W seconds of a chunk's transformer-layer linear
+    GEMMs (:data:`LINEAR_OPS`; the LM head's GEMM is not next to a TP collective of a layer)."""
+    linear = [o for o in ops if o.name in LINEAR_OPS]
+    rerun = sum(o.seconds[0] for o in linear if o.name in ctx.recompute or FULL in ctx.recompute)
+    return (sum(o.seconds[0] for o in linear), sum(o.seconds[1] for o in linear) + rerun,
+            sum(o.seconds[2] for o in linear))
+
+
 def _apply_with(ctx: _Ctx):
     """The StageCosts -> StageCosts function of :func:`ops_runtime` for one context."""
     model, parallel = ctx.model, ctx.parallel
@@ -325,7 +336,7 @@ def _apply_with(ctx: _Ctx):
             cp = cp_declaration(model, parallel, ctx.tokens, len(c.layers), attn_f, attn_i)  # what hides ring CP
             chunks.append(dataclasses.replace(c, forward_s=f, backward_input_s=i, backward_weight_s=w,
                                               full_backward_s=None, cp_hide_forward_s=cp.hide_forward_s,
-                                              cp_hide_backward_s=cp.hide_backward_s))
+                                              cp_hide_backward_s=cp.hide_backward_s, gemm_s=_linear_seconds(ctx, ops)))
         extra = GRAD_NORM_CLIP_BYTES_PER_PARAM / ctx.hbm_bytes_per_s
         shard = parallel.dp if parallel.zero_stage >= 1 else 1
         return dataclasses.replace(costs, chunks=tuple(chunks),

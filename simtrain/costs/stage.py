@@ -80,6 +80,7 @@ class LayerTerms:
         params, expert_params: parameters on this GPU, and how many are routed-expert ones.
         weight_gemm_flops: GEMM FLOPs of W (0 for frozen weights; LoRA adapters' only).
         frozen_params: how many of ``params`` are frozen (:mod:`simtrain.costs.trainable`).
+        gemm_s: the linear GEMMs' seconds of F, I (with recomputation) and W.
     """
 
     gemm_flops: float
@@ -96,6 +97,7 @@ class LayerTerms:
     attn_backward_s: float = 0.0
     weight_gemm_flops: float = 0.0
     frozen_params: float = 0.0
+    gemm_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 def layer_terms(st: _Setting, layer: int) -> LayerTerms:
@@ -131,6 +133,7 @@ def layer_terms(st: _Setting, layer: int) -> LayerTerms:
         params=params + ad.params, expert_params=experts,
         attn_forward_s=attn_f, attn_backward_s=attn_b,
         weight_gemm_flops=ad.flops + (0.0 if frozen else gemm), frozen_params=params if frozen else 0.0,
+        gemm_s=(gf, gi + (gf if parallel.recompute == "full" else 0.0), gw),
     )
 
 
@@ -152,6 +155,7 @@ class _Sums:
     attn_b_s: float = 0.0
     w_gemm: float = 0.0
     frozen_params: float = 0.0
+    gemm_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
     layer_flops: list = field(default_factory=list)
 
     def add(self, layer: int, t: LayerTerms) -> None:
@@ -171,6 +175,7 @@ class _Sums:
         self.frozen_params += t.frozen_params
         self.attn_f_s += t.attn_forward_s
         self.attn_b_s += t.attn_backward_s
+        self.gemm_s = tuple(a + b for a, b in zip(self.gemm_s, t.gemm_s))
 
 
 def _add_head(sums: _Sums, st: _Setting) -> None:
@@ -231,6 +236,7 @@ def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
         tp_forward=(tp_f,) if tp > 1 and layers else (), tp_backward=(tp_b,) if tp > 1 and layers else (),
         cp_forward=cp.forward, cp_backward=cp.backward,
         cp_hide_forward_s=cp.hide_forward_s, cp_hide_backward_s=cp.hide_backward_s,
+        gemm_s=tuple(g * k for g, k in zip(sums.gemm_s, (slow_f, slow_i, slow_w))),
     )
 
 

@@ -69,6 +69,10 @@ class ChunkCost:
             (:mod:`simtrain.costs.context`).
         cp_hide_forward_s, cp_hide_backward_s: attention seconds of F / I that can hide them (ring
             attention); the lowering exposes only what they do not hide.
+        gemm_s: seconds of F, I (with what recomputation reruns) and W spent in the transformer
+            layers' linear GEMMs, the GEMMs next to the TP collectives that ``--tp-overlap`` hides
+            behind (:func:`simtrain.lowering.chains.tp_seconds`); None where unknown (the action's
+            whole compute is then the window).
     """
 
     chunk: int
@@ -95,6 +99,7 @@ class ChunkCost:
     cp_backward: tuple[Collective, ...] = ()
     cp_hide_forward_s: float = 0.0
     cp_hide_backward_s: float = 0.0
+    gemm_s: tuple[float, float, float] | None = None
 
     @property
     def backward_s(self) -> float:

@@ -19,10 +19,14 @@ compute-only schedule through ``_add_unshard_reshard`` and ``_add_send_recv``):
    all-reduce between the first and the last stage's ranks;
 4. :func:`~simtrain.lowering.zero.add_param_gathers` (ZeRO-3 only): each F, B and I all-gathers
    its chunk's parameters first, prefetched one action ahead (:mod:`simtrain.lowering.zero`);
-5. :func:`~simtrain.lowering.comms.add_optimizer`: the optimizer step, and ZeRO-1/2's parameter
+5. :func:`~simtrain.lowering.offload.add_offload` (``--offload`` only): each F's activations
+   copied to the host over PCIe and back before its backward (:mod:`simtrain.lowering.offload`);
+6. :func:`~simtrain.lowering.comms.add_optimizer`: the optimizer step, and ZeRO-1/2's parameter
    all-gather;
-6. :func:`~simtrain.lowering.comms.add_runtime_overheads`: calibrated per-action and per-message
-   overheads and shared processor pools.
+7. :func:`~simtrain.lowering.comms.add_runtime_overheads`: calibrated per-action and per-message
+   overheads and shared processor pools; then
+   :func:`~simtrain.lowering.queues.add_hardware_queues` (``--hardware-queues`` only): streams
+   sharing a hardware work queue run one at a time (:mod:`simtrain.lowering.queues`).
 
 A forward-only step (``parallel.forward_only``) runs only the forwards (a pair runs its forward half
 alone), with no gradient reduction or optimizer. Communication is declared as
@@ -39,6 +43,8 @@ from .chains import emit_chains
 from .comms import (add_embedding_sync, add_gradient_reduction, add_optimizer, add_p2p, add_runtime_overheads, gradient_holders,
                     weight_grad_finishers)
 from .items import Lowering
+from .offload import add_offload
+from .queues import add_hardware_queues
 from .zero import add_param_gathers, check_zero, gradient_actions
 
 
@@ -82,9 +88,11 @@ def _lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool
         add_embedding_sync(low)
     if comm and zero_stage >= 3 and dp > 1:
         add_param_gathers(low)
+    add_offload(low)
     if low.training:
         add_optimizer(low)
     add_runtime_overheads(low)
+    add_hardware_queues(low)
     return low.graph
 
 

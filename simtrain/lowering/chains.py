@@ -51,9 +51,35 @@ def memory(a: Action, c: ChunkCost, rank: int, forward_only: bool) -> tuple[list
 
 
 def tp_seconds(c: ChunkCost, kind: str, topology: Topology, rank: int) -> float:
-    """Seconds of the TP collectives chunk ``c`` declares for an action of ``kind`` on ``rank``."""
+    """Exposed seconds of the TP collectives chunk ``c`` declares for an action of ``kind`` on
+    ``rank``: all of their priced time, or with ``parallel.tp_overlap`` what the action's compute
+    does not hide, ``tp - min(tp, tp_overlap_fraction x compute)``.
+
+    TP overlap is Megatron-LM's ``--tp-comm-overlap`` (Transformer Engine's userbuffers): each
+    sequence-parallel all-gather and reduce-scatter is split into chunks pipelined with the chunks
+    of the GEMM next to it (the all-gather before QKV and FC1, the reduce-scatter after the
+    attention projection and FC2, and their transposes in the backward; Wang et al. 2023,
+    "Overlap Communication with Dependent Computation via Decomposition", ASPLOS), so the
+    collective costs only what the GEMMs cannot cover: the window is ``tp_overlap_fraction`` x the
+    action's linear-GEMM seconds (:func:`gemm_window_s`; default 1: full overlap, limited by the
+    GEMM time). The slowdown of a GEMM sharing its SMs with the communication kernels is not
+    modelled (lower ``tp_overlap_fraction`` to account for it).
+    """
     declared = {"F": c.tp_forward, "B": c.tp_backward, "I": c.tp_backward}.get(kind, ())
-    return sum(topology.seconds(x, rank) for x in declared)
+    seconds = sum(topology.seconds(x, rank) for x in declared)
+    if topology.parallel.tp_overlap:
+        seconds -= min(seconds, topology.parallel.tp_overlap_fraction * gemm_window_s(c, kind))
+    return seconds
+
+
+def gemm_window_s(c: ChunkCost, kind: str) -> float:
+    """Seconds of the linear GEMMs of an action of ``kind`` on chunk ``c`` (``c.gemm_s``: F; I;
+    B = I + W, whose weight-gradient GEMMs Megatron's bulk overlap also uses), or the action's
+    whole compute where the costs do not say (``gemm_s`` None)."""
+    if c.gemm_s is None:
+        return compute_s(c, kind)
+    f, i, w = c.gemm_s
+    return {"F": f, "B": i + w, "I": i, "W": w}[kind]
 
 
 def cp_seconds(c: ChunkCost, kind: str, topology: Topology, rank: int) -> float:

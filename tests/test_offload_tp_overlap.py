@@ -1,0 +1,204 @@
+"""Activation offload (PipeOffload, Wan et al., ICML 2025), TP-communication overlap (Megatron's
+--tp-comm-overlap) and hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS): each against its
+formula, the lanes of the dashboard and the error lines of impossible values."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from conftest import SMALL, invoke
+from simtrain.hardware import load_profile
+from simtrain.lowering.offload import MIN_STEPS_BETWEEN
+from simtrain.models import load_model
+from simtrain.parallel import ParallelConfig
+from simtrain.scenario import run_schedule
+
+MODEL = load_model("llama3-8b")
+H100 = load_profile("h100-sxm")
+OP_TIMES = (0.05, 0.05, 0.05)  # F, I, W seconds: long enough to hide every copy of these sizes
+
+
+def _run(schedule: str = "1f1b", hardware=H100, op_times=OP_TIMES, **kw):
+    return run_schedule(schedule, MODEL, hardware, ParallelConfig(seq_len=2048, **kw), op_times=op_times)
+
+
+@pytest.mark.parametrize("fraction", [0.25, 1.0])
+def test_offloaded_bytes_and_copy_seconds_follow_the_pcie_formula(fraction):
+    """Each copy moves fraction x the chunk's saved activation bytes, in bytes / PCIe bandwidth
+    (the profile's pcie figure: 64 GB/s per direction for H100's Gen5 x16, latency 0)."""
+    run = _run(pp=4, tp=2, microbatches=8, offload=f"activations={fraction}")
+    trace = run.result.trace
+    copies = trace[trace["kind"] == "offload"]
+    assert len(copies) > 0 and set(copies["stream"]) == {"offload", "reload"}
+    assert H100.host_link.bandwidth_bytes_per_s == 64e9
+    for _, row in copies.iterrows():
+        expected = fraction * run.costs.chunks[int(row["stage"])].activation_bytes
+        assert row["bytes"] == pytest.approx(expected)
+        assert row["end_s"] - row["start_s"] == pytest.approx(expected / 64e9)
+    assert (copies["stream"] == "offload").sum() == (copies["stream"] == "reload").sum()
+
+
+def test_hidden_copies_lower_the_peak_by_the_offloaded_activations_and_keep_the_step_time():
+    """1F1B, p = 8, copies hidden by compute: rank r holds p - r activations at its peak; the
+    copies of all but three of them are done by then (the next one is in flight, and the first
+    backward's reload is prefetched), so the peak drops by max(0, p - r - 3) x the offloaded
+    bytes; the step time is unchanged."""
+    p = 8
+    base, off = (_run(pp=p, tp=2, microbatches=2 * p, offload=o) for o in ("none", "activations"))
+    assert off.report.step_time_s == pytest.approx(base.report.step_time_s)
+    x = base.costs.chunks[0].activation_bytes
+    drops = [(b - o) / x for b, o in zip(base.report.peak_memory_bytes, off.report.peak_memory_bytes)]
+    assert drops == pytest.approx([max(0, p - r - 3) for r in range(p)])
+
+
+def test_an_activation_needed_soon_stays_on_the_gpu():
+    """The last stage of 1F1B runs each backward right after its forward: nothing to hide a copy
+    behind, so it offloads nothing (PipeOffload's selective offload); the first stage offloads
+    every microbatch whose backward comes MIN_STEPS_BETWEEN or more steps later."""
+    trace = _run(pp=4, microbatches=8, offload="activations").result.trace
+    out = trace[(trace["kind"] == "offload") & (trace["stream"] == "offload")]
+    assert 3 not in set(out["rank"])
+    order = run_schedule("1f1b", MODEL, H100, ParallelConfig(pp=4, microbatches=8, seq_len=2048),
+                         op_times=OP_TIMES).schedule.orders[0]
+    names = [str(a) for a in order]
+    expected = {f"offload {a}" for i, a in enumerate(order) if a.kind == "F"
+                and names.index(str(a).replace("F", "B")) - i - 1 >= MIN_STEPS_BETWEEN}
+    assert set(out[out["rank"] == 0]["name"]) == expected and expected
+
+
+@pytest.mark.parametrize("schedule,kw", [("gpipe", {}), ("interleaved-1f1b", dict(vp=2)), ("zbv", {}),
+                                         ("dualpipev", dict(dp=2)), ("dualpipe", {}), ("zbv", dict(zero_stage=2, dp=2)),
+                                         ("1f1b", dict(zero_stage=3, dp=2))])
+@pytest.mark.parametrize("queues", [None, 1])
+def test_copies_follow_their_actions_in_every_schedule(schedule, kw, queues):
+    """Virtual stages, split backwards (I first), F&B pairs and ZeRO-2/3 lower without deadlock:
+    each offload starts when its F has ended and each backward starts after its reload ended."""
+    trace = _run(schedule, pp=4, tp=2, microbatches=8, offload="activations=0.5", hardware_queues=queues,
+                 **kw).result.trace
+    copies = trace[trace["kind"] == "offload"]
+    assert len(copies) > 0
+    compute = trace[trace["category"] == "compute"]
+    for _, c in copies.iterrows():
+        kind = re.fullmatch(r"(offload|reload) \d+([FBI])\d+", c["name"]).group(2)
+        mine = compute[(compute["stage"] == c["stage"]) & (compute["microbatch"] == c["microbatch"])
+                       & (compute["kind"] == kind)]
+        if kind == "F":
+            assert c["start_s"] >= mine["end_s"].max() - 1e-12
+        else:
+            assert mine["start_s"].min() >= c["end_s"] - 1e-12
+
+
+def test_slow_copies_show_in_the_step_time():
+    """A PCIe link far too slow for the activations (1 GB/s) delays the backwards that wait for
+    their reloads."""
+    slow = dataclasses.replace(H100, host_link=dataclasses.replace(H100.host_link, bandwidth_bytes_per_s=1e9))
+    base = _run(pp=4, microbatches=8)
+    assert _run(hardware=slow, pp=4, microbatches=8, offload="activations").report.step_time_s > \
+        base.report.step_time_s * 1.5
+
+
+def test_offload_does_nothing_without_a_backward_and_defaults_change_nothing():
+    fwd = _run(pp=2, microbatches=4, offload="activations", forward_only=True).result.trace
+    assert not (fwd["kind"] == "offload").any()
+    plain = _run(pp=2, microbatches=4).result.trace
+    explicit = _run(pp=2, microbatches=4, offload="none", tp_overlap=False, hardware_queues=8).result.trace
+    assert plain.equals(explicit)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.1])
+def test_tp_overlap_hides_the_smaller_of_the_collective_and_the_overlap_window(fraction):
+    """Exposed TP time of each action = TP - min(TP, fraction x the action's linear-GEMM seconds:
+    F's, or B's = I's + W's)."""
+    kw = dict(pp=2, tp=8, microbatches=4)
+    plain = _run(op_times=None, **kw)
+    over = _run(op_times=None, tp_overlap=True, tp_overlap_fraction=fraction, **kw)
+    a, b = (r.result.trace for r in (plain, over))
+    tp_a = a[a["kind"] == "tp"].set_index("name")
+    tp_b = b[b["kind"] == "tp"].set_index("name")
+    chunks = plain.costs.chunks
+    for name, row in tp_a.iterrows():
+        action = name.split(" ", 1)[1]
+        c = chunks[int(row["stage"])]
+        compute = {"F": c.gemm_s[0], "B": c.gemm_s[1] + c.gemm_s[2]}[next(ch for ch in action if ch.isalpha())]
+        tp = row["end_s"] - row["start_s"]
+        exposed = tp - min(tp, fraction * compute)
+        got = tp_b.loc[name, "end_s"] - tp_b.loc[name, "start_s"] if name in tp_b.index else 0.0
+        assert got == pytest.approx(exposed, abs=1e-12)
+    assert over.report.step_time_s < plain.report.step_time_s
+
+
+def test_the_gemm_window_is_the_linear_layers_share_of_the_compute():
+    """Flat costs: each layer's linear GEMMs are 2 m K N FLOPs in each of F, I and W at the
+    profile's GEMM rate (peak x matmul efficiency): a middle chunk's F window is its forward FLOPs
+    less attention's, over that rate; the per-operator model sums its linear operators."""
+    from simtrain.cost_models import parse_cost_choice
+    from simtrain.costs.layers import linear_layers
+
+    par = ParallelConfig(pp=4, tp=4, microbatches=4, seq_len=2048)
+    flat = run_schedule("1f1b", MODEL, H100, par).costs.chunks[1]
+    rate = H100.peak_flops["bf16"] * H100.matmul_efficiency
+    linear_flops = sum(sum(2 * k * n * mult for k, n, mult in linear_layers(MODEL, i)) / 4 * 2048 for i in flat.layers)
+    assert flat.gemm_s[0] == pytest.approx(linear_flops / rate)
+    assert flat.gemm_s[0] == pytest.approx(flat.gemm_s[1]) == pytest.approx(flat.gemm_s[2])
+    assert flat.gemm_s[0] < flat.forward_s
+    ops = parse_cost_choice("ops", (), None, "flash", H100, MODEL).runtime(MODEL, par, H100)
+    c = run_schedule("1f1b", MODEL, H100, par, runtime=ops).costs.chunks[1]
+    assert c.gemm_s is not None and 0 < c.gemm_s[0] < c.forward_s and 0 < c.gemm_s[1] < c.backward_input_s
+
+
+def test_one_hardware_queue_serialises_a_ranks_streams():
+    """CUDA_DEVICE_MAX_CONNECTIONS = 1: no two stream tasks of a rank run at once, so the DP
+    reduction no longer overlaps the backward and the step is longer; 7 or more queues (one per
+    stream) change nothing."""
+    kw = dict(pp=2, tp=2, dp=4, microbatches=4, offload="activations")
+    free, one, seven = (_run(hardware_queues=q, **kw) for q in (None, 1, 7))
+    assert seven.result.trace.equals(free.result.trace)
+    trace = one.result.trace
+    for _, rows in trace[trace["stream"] != ""].groupby("rank"):
+        rows = rows.sort_values("start_s")
+        assert (rows["start_s"].to_numpy()[1:] >= rows["end_s"].to_numpy()[:-1] - 1e-12).all()
+    assert one.report.step_time_s > free.report.step_time_s
+
+
+def test_offload_has_its_own_lanes_and_colour():
+    from simtrain.viz.style import color_of, name_of
+    from simtrain.viz.timeline import timeline_figure
+
+    fig = timeline_figure(_run(pp=4, microbatches=8, offload="activations").result.trace)
+    bar = {t.name: t for t in fig.data}[name_of("offload")]
+    assert bar.marker.color == color_of("offload") != color_of("unknown kind")
+    assert {y.split(" · ")[1] for y in bar.y} == {"offload", "reload"}
+    assert len({color_of(k) for k in ("offload", "zero", "cp", "dp", "tp", "exposed comm")}) == 6
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--offload", "activations=0"], "--offload = 'activations=0'"),
+    (["--offload", "activations=1.5"], "FRACTION in (0, 1]"),
+    (["--offload", "weights"], "--offload = 'weights'"),
+    (["--offload", "activations", "--hardware", "b300"], "has no field 'pcie'"),
+    (["--tp-overlap", "--tp-overlap-fraction", "2"], "--tp-overlap-fraction = 2.0"),
+    (["--hardware-queues", "0"], "--hardware-queues = 0"),
+])
+def test_impossible_values_are_one_error_line(args, needle, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = invoke("compare", *SMALL, "--schedules", "1f1b", *args)
+    assert res.exit_code == 2, res.output
+    assert needle in res.stderr and "Traceback" not in res.output
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_the_flags_run_from_the_command_line(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    rows = {}
+    for label, extra in (("base", []), ("offload", ["--offload", "activations=0.25"]),
+                         ("tp", ["--tp-overlap", "--hardware-queues", "1"])):
+        res = invoke("compare", *SMALL, "--schedules", "1f1b", "--json", *extra)
+        assert res.exit_code == 0, res.output
+        rows[label] = json.loads(res.stdout)[0]
+    assert rows["offload"]["peak_memory_bytes"][0] < rows["base"]["peak_memory_bytes"][0]
+    assert rows["tp"]["step_time_s"] != rows["base"]["step_time_s"]

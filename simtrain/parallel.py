@@ -211,6 +211,7 @@ class ParallelConfig(NumbersNotBooleans):
     tp_overlap: bool = False
     tp_overlap_fraction: float = Field(default=1.0, ge=0.0, le=1.0)
     hardware_queues: int | None = Field(default=None, ge=1, le=32)
+    trainable: str = "all"
 
     @property
     def offload_fraction(self) -> float:
@@ -222,8 +223,9 @@ class ParallelConfig(NumbersNotBooleans):
         if self.ep > 1 and self.rank_order == "tp-pp-dp":
             raise ValueError("rank_order 'tp-pp-dp' cannot carve EP groups out of a stage's GPUs; "
                              "use 'tp-dp-pp' (the default with ep > 1)")
+        if "tp_overlap_fraction" in self.model_fields_set and not self.tp_overlap:
+            raise ValueError("tp_overlap_fraction applies only with tp_overlap (--tp-overlap)")
         return self
-    trainable: str = "all"
 
     @field_validator("trainable", "offload")
     @classmethod

@@ -202,3 +202,12 @@ def test_the_flags_run_from_the_command_line(tmp_path, monkeypatch):
         rows[label] = json.loads(res.stdout)[0]
     assert rows["offload"]["peak_memory_bytes"][0] < rows["base"]["peak_memory_bytes"][0]
     assert rows["tp"]["step_time_s"] != rows["base"]["step_time_s"]
+
+
+def test_a_tp_overlap_fraction_without_tp_overlap_is_refused():
+    """--tp-overlap-fraction alone would be ignored: one error line instead."""
+    from conftest import invoke
+
+    res = invoke("compare", "--tp-overlap-fraction", "0.5", "--json")
+    assert res.exit_code == 2 and res.output.count("error:") == 1
+    assert "tp_overlap_fraction applies only with tp_overlap (--tp-overlap)" in res.output

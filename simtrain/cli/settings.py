@@ -29,7 +29,11 @@ def parallel_from(base: dict, overrides: dict, source: str) -> ParallelConfig:
     except ValidationError as exc:
         parts = []
         for e in exc.errors():
-            field = str(e["loc"][0]) if e["loc"] else "?"
+            if not e["loc"]:  # a rule across fields: its message names them
+                given = " and the flags" if any(v is not None for v in overrides.values()) else ""
+                parts.append(f"parallel settings ({source}{given}): {e['msg'].removeprefix('Value error, ')}")
+                continue
+            field = str(e["loc"][0])
             flag = _FLAG_OF.get(field, f"--{field.replace('_', '-')}")
             where = flag if overrides.get(field) is not None else f"{source}: field 'parallel.{field}'"
             parts.append(f"{where} = {e.get('input')!r}: {e['msg'].removeprefix('Value error, ')}")

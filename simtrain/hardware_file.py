@@ -1,0 +1,253 @@
+"""The hardware-profile file format: the pydantic models a profile YAML file is validated
+against, in the file's own units (``peak_tflops``, ``bandwidth_gb_per_s``, ``latency_us``);
+:mod:`simtrain.hardware` converts a validated file to SI units and loads profiles."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import ConfigDict, Field, field_validator
+
+from .errors import NumbersNotBooleans, bounded
+
+Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8"]
+
+
+# ----------------------------------------------------------------------------- file schema
+# Allowed ranges of the profile's numbers: physical sign and finiteness, and an upper bound far
+# above any device (a B200 is 2.25 PFLOP/s bf16, 192 GB HBM at 8 TB/s, NVLink 5 at 900 GB/s per
+# direction; latencies are µs) so that a slip of units or sign is an error, not a result.
+# Lower bounds keep every simulated time finite (a rate of 1e-300 would overflow the step to inf).
+Bandwidth = bounded(ge=1e-6, le=1e6)        # GB/s (1 kB/s ... 1 PB/s)
+Latency = bounded(ge=0, le=1e6)             # µs (at most one second)
+Rate = bounded(ge=1e-6, le=1e6)             # TFLOP/s (1 MFLOP/s ... 1 EFLOP/s)
+Efficiency = bounded(ge=1e-6, le=1)         # achieved / peak; a CPU calibrated on a GPU --base gets ~1e-3
+Slowdown = bounded(ge=0.1, le=100)          # in-pipeline time / kernel time
+
+
+class _Strict(NumbersNotBooleans):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class IntraNodeLinkFile(_Strict):
+    """``intra_node:`` section: the scale-up link inside a node (NVLink, Infinity Fabric).
+
+    Attributes:
+        name: the link's name (``NVLink 4``).
+        latency_us: one-way latency of a message.
+    """
+
+    name: str
+    bandwidth_gb_per_s: Bandwidth = Field(description="per GPU, per direction, to the switch")
+    peer_bandwidth_gb_per_s: Bandwidth | None = Field(
+        default=None, description="per direction to ONE peer GPU; defaults to bandwidth"
+    )
+    latency_us: Latency
+    efficiency: float | None = Field(
+        default=None, gt=0, le=1, description="achieved / nominal bandwidth of this link class in NCCL "
+        "collectives (simtrain.collectives); default efficiency.link",
+    )
+    nvls_efficiency: float | None = Field(
+        default=None, gt=0, le=1, description="NVLink SHARP (in-switch reduction) available, at this fraction "
+        "of the achieved NVLink bandwidth; absent = no NVLS (NCCL needs NVSwitch and sm90+)",
+    )
+
+
+class InterNodeLinkFile(_Strict):
+    """``inter_node:`` section: the scale-out network (InfiniBand, RoCE).
+
+    Attributes:
+        name: the network's name (``InfiniBand NDR``).
+        nics_per_node: NICs of one node.
+        latency_us: one-way latency of a message.
+    """
+
+    name: str
+    bandwidth_gb_per_s: Bandwidth = Field(description="per NIC, per direction")
+    nics_per_node: int = Field(ge=1, le=1024)
+    latency_us: Latency
+    efficiency: float | None = Field(
+        default=None, gt=0, le=1, description="achieved / nominal NIC bandwidth in NCCL collectives and "
+        "DeepEP RDMA (simtrain.collectives, simtrain.deepep); default efficiency.link",
+    )
+    nodes: int | None = Field(default=None, ge=1, description="nodes in the cluster; bounds group sizes (optional)")
+
+
+class HostLinkFile(_Strict):
+    """``pcie:`` section (optional): the GPU's link to host memory that activation offload copies
+    over (PCIe, or NVLink-C2C on Grace-Blackwell), per GPU and per direction (it is full duplex).
+
+    Attributes:
+        name: the link's name (``PCIe Gen5 x16``).
+    """
+
+    name: str
+    bandwidth_gb_per_s: Bandwidth = Field(description="per GPU, per direction (datasheet)")
+    latency_us: Latency = Field(default=0.0, description="per copy (optional; default 0)")
+    efficiency: float = Field(
+        default=1.0, gt=0, le=1, description="achieved / nominal bandwidth of a pinned-memory copy (from a "
+        "copy microbenchmark such as nvbandwidth); default 1: the datasheet figure",
+    )
+
+
+class EfficiencyFile(_Strict):
+    """``efficiency:`` section: achieved fractions of peak, replaced by calibration."""
+
+    matmul: Efficiency = Field(description="achieved / peak FLOP/s for large GEMMs")
+    link: Efficiency = Field(description="achieved / nominal link bandwidth")
+
+
+class OverlapFile(_Strict):
+    """``overlap:`` section (optional): how an overlapped forward-and-backward pair (DualPipe's
+    F&B) runs. Calibration replaces the defaults; see :mod:`simtrain.lowering` for the model."""
+
+    compute_factor: bounded(ge=0.5, le=2.0) = Field(
+        default=1.0,
+        description="pair compute time / (F + B) run alone; units-free. Above 1 when the two "
+        "halves and their communication kernels slow each other down; never below 0.5, since a "
+        "pair cannot end before its longer half alone",
+    )
+    sends: Literal["per_half", "after_pair"] = Field(
+        default="after_pair",
+        description="per_half: each half's p2p sends leave when that half is done (a GPU runtime "
+        "that overlaps inside the pair); after_pair: both leave when the whole pair is done "
+        "(deepseek-ai/DualPipe's step(), torch's runtime)",
+    )
+
+
+class LinearPointFile(_Strict):
+    """One measured GEMM of a linear layer ``Y[tokens, fan_out] = X[tokens, fan_in] Wᵀ``.
+
+    ``kind`` is the pass: ``F`` (``X Wᵀ``), ``I`` (input gradient ``dY W``) or ``W`` (weight
+    gradient ``dYᵀ X``), in torch ``nn.Linear``'s memory layouts; each costs
+    ``2 x tokens x fan_in x fan_out`` FLOPs.
+    """
+
+    tokens: int = Field(ge=1, le=2**40)
+    fan_in: int = Field(ge=1, le=2**40)
+    fan_out: int = Field(ge=1, le=2**40)
+    kind: Literal["F", "I", "W"]
+    tflops: Rate = Field(description="achieved TFLOP/s (FLOPs / median seconds)")
+
+
+class AttentionPointFile(_Strict):
+    """One measured causal scaled-dot-product attention, rated in the cost model's FLOP count."""
+
+    seq_len: int = Field(ge=1, le=2**40)
+    head_dim: int = Field(ge=1, le=2**40)
+    forward_tflops: Rate = Field(description="4·s·d FLOPs per token per head / forward seconds")
+    backward_tflops: Rate = Field(description="8·s·d FLOPs per token per head / backward seconds")
+
+
+class ComputeFile(_Strict):
+    """``compute:`` section (optional; ``simtrain calibrate`` writes it). Every field is optional.
+
+    Without it a profile rates every GEMM and attention kernel at ``peak x efficiency.matmul``,
+    ignores elementwise kernels and framework overhead, and gives each GPU its own processor.
+    """
+
+    linear_tflops: dict[Dtype, list[LinearPointFile]] = Field(
+        default_factory=dict, description="achieved TFLOP/s per linear-layer GEMM; the nearest shape is used"
+    )
+    attention_tflops: dict[Dtype, list[AttentionPointFile]] = Field(
+        default_factory=dict, description="achieved attention TFLOP/s per (seq_len, head_dim)"
+    )
+    elementwise_gb_per_s: dict[Literal["norm", "activation", "add"], Bandwidth] = Field(
+        default_factory=dict, description="bandwidth of memory-bound kernels per class, in the bytes the cost "
+        "model counts: norms, activation functions and the loss softmax, adds (residual, gradient accumulation)"
+    )
+    layer_slowdown: dict[Literal["F", "B", "I", "W"], Slowdown] = Field(
+        default_factory=dict, description="measured time of a stage's actions inside real pipeline steps / "
+        "the sum of their kernels' times, for the forward (F), a full backward (B) and a split backward's "
+        "I and W (default: B's)"
+    )
+    action_overhead_us: Latency = Field(
+        default=0.0, description="framework time added to every pipeline action (F, B, I, W)"
+    )
+    message_overhead_us: Latency = Field(
+        default=0.0, description="processor time a p2p message costs the action that sends it and "
+        "the action that receives it (posting, waiting, completing)"
+    )
+    processors_per_node: int | None = Field(
+        default=None, ge=1, le=2**20, description="compute units the ranks of a node share (CPU cores); "
+        "default one per GPU"
+    )
+    optimizer_gb_per_s: Bandwidth | None = Field(
+        default=None, description="rate of the optimizer step in the bytes the cost model counts for "
+        "it (28 per parameter, simtrain.costs.OPTIMIZER_BYTES_PER_PARAM); default the HBM bandwidth"
+    )
+
+
+class ProfileFile(_Strict):
+    """The schema of a hardware profile YAML file (units in field names).
+
+    Attributes:
+        name: the profile's name (file stem by convention).
+        description: GPU and node in words; the first comma-separated part is the GPU.
+        source: datasheets and measurements the numbers come from.
+        peak_tflops: dense tensor-core peak per dtype (no sparsity), from the datasheet.
+        hbm_gib: HBM capacity per GPU.
+        hbm_tb_per_s: HBM bandwidth per GPU.
+        gpus_per_node: GPUs of one node (one scale-up domain).
+        intra_node: the scale-up link.
+        inter_node: the scale-out network.
+        efficiency: achieved fractions of peak (replaced by calibration).
+        overlap: how an overlapped F&B pair runs.
+        pcie: the GPU-to-host link (activation offload), or None where the profile lacks it.
+        compute: measured kernel rates and overheads (``simtrain calibrate`` writes it).
+        calibration: provenance of a calibrated profile (free-form, written by ``simtrain calibrate``).
+    """
+
+    name: str
+    description: str
+    source: str = Field(min_length=1)
+    peak_tflops: dict[Dtype, Rate]
+    hbm_gib: bounded(gt=0, le=1e6)
+    hbm_tb_per_s: bounded(ge=1e-9, le=1e3)
+    gpus_per_node: int = Field(ge=1, le=2**20)
+    intra_node: IntraNodeLinkFile
+    inter_node: InterNodeLinkFile
+    efficiency: EfficiencyFile
+    overlap: OverlapFile = Field(default_factory=OverlapFile)
+    pcie: HostLinkFile | None = None
+    compute: ComputeFile | None = None
+    calibration: dict | None = None
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _positive_rates(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("must list at least one dtype, e.g. {bf16: 989}")
+        return v
+
+    @field_validator("calibration")
+    @classmethod
+    def _finite_record(cls, v: dict | None) -> dict | None:
+        if v is not None:
+            check_record(v)
+        return v
+
+
+def check_record(record: dict, where: str = "calibration") -> None:
+    """Check the free-form ``calibration:`` record: every number finite (``.inf``/``.nan`` there
+    would reach validation's speed correction and the printed tables), and the speed probe's
+    ``seconds`` > 0 (validation divides by it).
+
+    Raises:
+        ValueError: naming the first bad entry's path, value and what is allowed.
+    """
+    stack: list[tuple[str, object]] = [(where, record)]
+    while stack:
+        name, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{name}.{k}", v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{name}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name} = {value}: must be a finite number")
+    probe = record.get("speed_probe")
+    if probe is not None:
+        seconds = probe.get("seconds") if isinstance(probe, dict) else None
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise ValueError(f"{where}.speed_probe.seconds = {seconds!r}: must be a number of seconds > 0")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .combined_1f1b import interleaved_1f1b_overlap, one_f_one_b_overlap
 from .dualpipe import dualpipe
 from .dualpipev import dualpipev
 from .gpipe import gpipe
@@ -61,6 +62,12 @@ REGISTRY: dict[str, ScheduleInfo] = {
         dualpipe, "DualPipe: two directions, overlapped F&B pairs (DeepSeek-V3 report §3.2.1)"),
     "dualpipev": ScheduleInfo(
         dualpipev, "DualPipeV: DualPipe cut in half, V placement (Sea AI Lab; deepseek-ai/DualPipe)"),
+    "1f1b-overlap": ScheduleInfo(
+        one_f_one_b_overlap, "1F1B with F&B pairs: Megatron-Core's combined 1F1B for MoE "
+        "(--overlap-moe-expert-parallel-comm)"),
+    "interleaved-1f1b-overlap": ScheduleInfo(
+        interleaved_1f1b_overlap, "Interleaved 1F1B with F&B pairs: Megatron-Core's combined 1F1B "
+        "(--overlap-moe-expert-parallel-comm)", uses_vp=True),
 }
 
 

@@ -42,8 +42,11 @@ _STAGES_PER_RANK = {"zbv": 2, "dualpipe": 2, "dualpipev": 2, "v-half": 2, "v-min
 """Stages per rank of the schedules with a fixed count above 1 (README, table of schedules)."""
 _SPLIT_BACKWARD = {"interleaved-zb", "zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev", "v-half", "v-min"}
 """Schedules whose backward is split into I and W (three actions per stage and microbatch)."""
-_PAIRED = {"dualpipe", "dualpipev"}
+PAIRED = frozenset({"dualpipe", "dualpipev", "1f1b-overlap", "interleaved-1f1b-overlap"})
 """Schedules with overlapped F&B pairs, lowered layer by layer (simtrain.lowering)."""
+_EP_PAIRED = frozenset({"1f1b-overlap", "interleaved-1f1b-overlap"})
+"""Paired schedules whose reference runs them only with expert parallelism (Megatron-Core's
+combined 1F1B: ``TransformerConfig`` asserts ``expert_model_parallel_size > 1``)."""
 
 
 def stages_and_chunks(name: str, pp: int, vp: int) -> tuple[int, int]:
@@ -82,7 +85,7 @@ def estimate_tasks(name: str, model: ModelSpec, parallel: ParallelConfig) -> int
     if model.moe is not None and parallel.ep > 1:
         waves = (parallel.waves or 4) if "waved-ep" in variants else 1
         per_action += layers * (4 + 3 * (waves - 1))
-    if base in _PAIRED:
+    if base in PAIRED:
         per_action += 2 * layers * (2 if parallel.tp > 1 else 1)
     per_stage = 2 * parallel.dp_buckets + 2  # gradient buckets (both DualPipe copies), optimizer step
     return actions * per_action + stages * per_stage
@@ -197,6 +200,11 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
         if not moe and getattr(parallel, field) != getattr(defaults, field):
             why = (f"{model.name} has no experts" if model.moe is None else "it needs expert parallelism (--ep > 1)")
             _not_applicable(f"--{field.replace('_', '-')}", field in given, f"applies to MoE all-to-all only, and {why}")
+    for name in [n for n, _ in bases if n in _EP_PAIRED] if not moe else []:
+        _warn(f"{name}: Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm) needs expert "
+              f"parallelism, and {model.name} " + ("has no experts" if model.moe is None else "runs with --ep 1")
+              + ": there is no all-to-all to hide; its F&B pairs are lowered as DualPipe's (layer by layer, "
+              "each half's TP collectives behind the other half's compute)")
     gpn = hardware.gpus_per_node
     if moe and parallel.node_limit is not None:
         nodes = math.ceil(parallel.ep / gpn)

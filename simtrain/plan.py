@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
+from .checks import PAIRED
 from .costs import StageCosts, split_layers, stage_costs
 from .errors import SimtrainError
 from .hardware import HardwareProfile
@@ -302,7 +303,7 @@ def _screen(req: PlanRequest, caches: _Caches, cfg: Config) -> tuple[str | None,
         costs = caches.reference(cfg) if num_chunks > 1 else caches.stage_costs(cfg, 1)
     except SimtrainError as exc:
         return "model_rules", 0.0, str(exc)
-    paired = cfg.schedule.split("+")[0] in ("dualpipe", "dualpipev")
+    paired = cfg.schedule.split("+")[0] in PAIRED
     key = (id(costs), paired, cfg.tp)
     if key not in caches.means:
         caches.means[key] = mean_bounds(costs, caches.topology(cfg), paired)

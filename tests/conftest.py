@@ -84,6 +84,13 @@ def tiny_moe(layers: int = 4, **kw) -> ModelSpec:
     return tiny_model(layers=layers, moe=MoESpec(**moe), **kw)
 
 
+def balanced_moe(layers: int = 4) -> ModelSpec:
+    """An MoE model whose all-to-all over NVLink (EP 8) takes about as long as its experts and
+    attention (h = 2048, 64 experts of width 1024, top-4, s = 1024), so overlap shows."""
+    return tiny_moe(layers=layers, hidden_size=2048, ffn_hidden_size=4096, seq_len=1024,
+                    moe=dict(num_experts=64, expert_ffn_hidden_size=1024))
+
+
 @pytest.fixture(scope="session")
 def h100():
     return load_profile("h100-sxm")

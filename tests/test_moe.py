@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from conftest import check_run, reference_schedule, tiny_moe, unpaired
+from conftest import balanced_moe, check_run, reference_schedule, tiny_moe, unpaired
 from simtrain.cli import app
 from simtrain.collectives import Group as Placement
 from simtrain.collectives import estimate_group
@@ -31,13 +31,6 @@ from simtrain.schedules.ir import Action, OverlapAction
 H800 = load_profile("h800")
 ROOT = Path(__file__).resolve().parent.parent
 T, K, H = 128, 4, 256  # tokens per microbatch (b = 1, s = 128), top-k, hidden of tiny_moe
-
-
-def balanced_moe(layers: int = 4):
-    """An MoE model whose all-to-all over NVLink (EP 8) takes about as long as its experts and
-    attention (h = 2048, 64 experts of width 1024, top-4, s = 1024), so overlap shows."""
-    return tiny_moe(layers=layers, hidden_size=2048, ffn_hidden_size=4096, seq_len=1024,
-                    moe=dict(num_experts=64, expert_ffn_hidden_size=1024))
 
 
 def block(parallel: ParallelConfig, model=None, chunk: int = 1):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .combined_1f1b import interleaved_1f1b_overlap, one_f_one_b_overlap
 from .controllable_memory import v_half, v_min
 from .dualpipe import dualpipe
 from .dualpipev import dualpipev
@@ -66,6 +67,12 @@ REGISTRY: dict[str, ScheduleInfo] = {
     "v-half": ScheduleInfo(v_half, "V-Half: V placement, 1/2 of 1F1B's activations (Qi et al. 2024, arXiv:2405.15362)"),
     "v-min": ScheduleInfo(v_min, "V-Min: V placement, 1/3 of 1F1B's activations (Qi et al. 2024, arXiv:2405.15362)"),
     "eager-1f1b": ScheduleInfo(eager_1f1b, "Eager 1F1B: 2(p-r)-1 warm-up forwards (PaddlePaddle Eager1F1B pass)"),
+    "1f1b-overlap": ScheduleInfo(
+        one_f_one_b_overlap, "1F1B with F&B pairs: Megatron-Core's combined 1F1B for MoE "
+        "(--overlap-moe-expert-parallel-comm)"),
+    "interleaved-1f1b-overlap": ScheduleInfo(
+        interleaved_1f1b_overlap, "Interleaved 1F1B with F&B pairs: Megatron-Core's combined 1F1B "
+        "(--overlap-moe-expert-parallel-comm)", uses_vp=True),
 }
 
 

@@ -168,7 +168,7 @@ def compare(
         schedules = [schedules]
     for name in schedules:
         split_name(name)
-    choice = parse_cost_choice(cost_model, None, None, config.attention, hw, spec)
+    choice = parse_cost_choice(cost_model, None, None, hw.attention_kernel(config.attention), hw, spec)
     runtime = choice.runtime(spec, config, hw)
     runs = [run_schedule(name, spec, hw, config, op_times=op_times, comm=comm, runtime=runtime) for name in schedules]
     runs = [dataclasses.replace(r, report=dataclasses.replace(r.report, hfu=hfu(r, spec, config, hw, choice)))

@@ -133,6 +133,7 @@ class HardwareProfile:
         optimizer_bytes_per_s: rate of the optimizer step in the bytes the cost model counts, or
             None for the HBM bandwidth (``compute.optimizer_gb_per_s``).
         host_link: the GPU-to-host link (``pcie:``), or None where the profile has no figure.
+        fused_attention: whether a fused attention kernel runs here (the ``--attention`` default).
     """
 
     name: str
@@ -158,6 +159,13 @@ class HardwareProfile:
     processors_per_node: int | None = None
     optimizer_bytes_per_s: float | None = None
     host_link: Link | None = None
+    fused_attention: bool = True
+
+    def attention_kernel(self, requested: str | None) -> str:
+        """The attention kernel a run uses: ``requested`` (``flash`` or ``unfused``), or when None
+        the profile's default: ``flash`` where a fused kernel runs (:attr:`fused_attention`),
+        else ``unfused``."""
+        return requested or ("flash" if self.fused_attention else "unfused")
 
     def linear_flops_per_s(self, tokens: float, fan_in: float, fan_out: float, kind: str, dtype: str) -> float:
         """Achieved FLOP/s of the ``kind`` (F, I or W) GEMM of a linear layer in ``dtype``.
@@ -277,6 +285,7 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
         host_link=None if pf.pcie is None else Link(
             name=pf.pcie.name, bandwidth_bytes_per_s=pf.pcie.bandwidth_gb_per_s * GB, latency_s=pf.pcie.latency_us * US,
             efficiency=pf.pcie.efficiency, peer_bandwidth_bytes_per_s=pf.pcie.bandwidth_gb_per_s * GB),
+        fused_attention=pf.fused_attention,
     )
 
 

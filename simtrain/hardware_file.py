@@ -195,6 +195,8 @@ class ProfileFile(_Strict):
         efficiency: achieved fractions of peak (replaced by calibration).
         overlap: how an overlapped F&B pair runs.
         pcie: the GPU-to-host link (activation offload), or None where the profile lacks it.
+        fused_attention: whether a fused (FlashAttention-class) attention kernel runs on this GPU:
+            the default of ``--attention`` (false: materialised scores).
         compute: measured kernel rates and overheads (``simtrain calibrate`` writes it).
         calibration: provenance of a calibrated profile (free-form, written by ``simtrain calibrate``).
     """
@@ -211,6 +213,7 @@ class ProfileFile(_Strict):
     efficiency: EfficiencyFile
     overlap: OverlapFile = Field(default_factory=OverlapFile)
     pcie: HostLinkFile | None = None
+    fused_attention: bool = True
     compute: ComputeFile | None = None
     calibration: dict | None = None
 

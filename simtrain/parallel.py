@@ -136,6 +136,7 @@ class ParallelConfig(NumbersNotBooleans):
             and head, the backward recomputes the scores, so no score matrix is stored whatever
             ``recompute`` says) or ``unfused`` (materialised scores, Megatron-LM 2021 / BLOOM:
             stored unless recomputed). The per-operator cost model also prices the kernel by it.
+            None: the hardware profile's default (:meth:`simtrain.hardware.HardwareProfile.attention_kernel`).
         activation_cache: dtype of the activations saved for the linear layers' backward:
             ``compute`` (the compute dtype) or ``fp8`` (E4M3 with a 1 x 128-tile scale, DeepSeek-V3
             §3.3.2 "low-precision storage": the inputs of the linear layers, in the stored
@@ -196,7 +197,7 @@ class ParallelConfig(NumbersNotBooleans):
     dtype: Dtype = "bf16"
     zero_stage: Literal[0, 1, 2, 3] = 0
     recompute: Literal["none", "selective", "full"] = "selective"
-    attention: Literal["flash", "unfused"] = "flash"
+    attention: Literal["flash", "unfused"] | None = None
     activation_cache: Literal["compute", "fp8"] = "compute"
     sequence_parallel: bool = True
     dp_buckets: int = Field(default=4, ge=1)
@@ -223,7 +224,7 @@ class ParallelConfig(NumbersNotBooleans):
         if self.ep > 1 and self.rank_order == "tp-pp-dp":
             raise ValueError("rank_order 'tp-pp-dp' cannot carve EP groups out of a stage's GPUs; "
                              "use 'tp-dp-pp' (the default with ep > 1)")
-        if "tp_overlap_fraction" in self.model_fields_set and not self.tp_overlap:
+        if self.tp_overlap_fraction != 1.0 and not self.tp_overlap:
             raise ValueError("tp_overlap_fraction applies only with tp_overlap (--tp-overlap)")
         return self
 

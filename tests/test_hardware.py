@@ -83,3 +83,22 @@ def test_issue16_profiles_from_their_datasheets():
     assert v100.intra_node.peer_bandwidth_bytes_per_s == 25e9 and "bf16" not in v100.peak_flops
     with pytest.raises(SimtrainError, match="no peak_tflops for dtype 'bf16'"):
         v100.achieved_flops("bf16")
+
+
+def test_v100_has_no_fused_attention_so_scores_are_stored_by_default():
+    """FlashAttention does not run on Volta: the V100 profile defaults --attention to unfused, whose
+    score matrix is stored under recompute none; an explicit kernel still wins."""
+    from simtrain.costs import stage_costs
+    from simtrain.models import load_model
+    from simtrain.parallel import ParallelConfig
+
+    v100, h100 = load_profile("v100-sxm2"), load_profile("h100-sxm")
+    assert (v100.attention_kernel(None), h100.attention_kernel(None)) == ("unfused", "flash")
+    assert v100.attention_kernel("flash") == "flash"
+    m = load_model("llama3-8b")
+
+    def act(hw, **kw):
+        p = ParallelConfig(pp=2, microbatches=2, seq_len=1024, dtype="fp16", recompute="none", **kw)
+        return sum(c.activation_bytes for c in stage_costs(m, p, hw, 2).chunks)
+
+    assert act(v100) == act(v100, attention="unfused") > act(v100, attention="flash")

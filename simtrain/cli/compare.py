@@ -71,7 +71,8 @@ def compare(
         help="gemms: FP8 linear-layer GEMMs, attention and memory-bound kernels in --dtype (--cost-model ops)")] = None,
     attention: Annotated[Optional[str], typer.Option(
         help="attention kernel: flash (fused; no score matrix stored) or unfused (materialised scores, stored "
-             "unless recomputed; priced per operator by --cost-model ops) [default: flash]")] = None,
+             "unless recomputed; priced per operator by --cost-model ops) [default: flash, unfused where the profile has no "
+             "fused kernel, e.g. V100]")] = None,
     activation_cache: Annotated[Optional[str], typer.Option(
         help="dtype of the linear layers' saved inputs: compute, or fp8 (DeepSeek-V3's FP8 activation cache; "
              "activations and deferred-W buffers) [default: compute]")] = None,
@@ -119,7 +120,8 @@ def compare(
     for line in job.summary() if job else []:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
     st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)
-    choice = parse_cost_choice(cost_model, modules, fp8, st.parallel.attention, st.hardware, st.model)
+    choice = parse_cost_choice(cost_model, modules, fp8, st.hardware.attention_kernel(st.parallel.attention),
+                               st.hardware, st.model)
     if breakdown is not None and choice.model != "ops":
         raise SimtrainError(f"--breakdown = {breakdown}: needs the per-operator cost model (--cost-model ops)")
     plan = _plan_compare(st, schedules, schedule_file, sweep, pp, microbatches)

@@ -115,7 +115,8 @@ def layer_terms(st: _Setting, layer: int) -> LayerTerms:
     gw = ad.backward_weight_s + (0.0 if frozen else gw)
     # without sequence parallelism the shared bytes are whole on every TP rank, the rest split by tp
     replicated = 0.0 if parallel.sequence_parallel else 1.0 - 1.0 / tp
-    kept = ls.score_bytes if parallel.attention == "unfused" else ls.lse_bytes  # what attention's backward needs
+    unfused = st.hardware.attention_kernel(parallel.attention) == "unfused"
+    kept = ls.score_bytes if unfused else ls.lse_bytes  # what attention's backward needs
     stored = ls.act_bytes + ls.shared_bytes * replicated + (kept if parallel.recompute == "none" else 0.0)
     if parallel.recompute == "full":
         act = ls.input_bytes * (1 if parallel.sequence_parallel else tp) * tokens

@@ -7,7 +7,9 @@ I frees them but for what W still needs (the W-pending buffers), W frees the res
 into those parts:
 
 * ``weights``, ``gradients``: one copy per held parameter in the weight dtype (16-bit in mixed
-  precision, else 4 bytes; :func:`simtrain.costs.stage_costs`);
+  precision, else 4 bytes; :func:`simtrain.costs.stage_costs`), divided by DP where the ZeRO
+  stage shards them (gradients from stage 2, parameters from stage 3; Rajbhandari et al. 2020
+  §5.2-5.3);
 * ``optimizer_states``: the rest of the static bytes, i.e. Adam's fp32 moments (and the fp32
   master weights in mixed precision), divided by DP under ZeRO-1 (Rajbhandari et al. 2020 §5.1);
 * ``w_pending``: at the peak instant, the inputs and output gradients held for W by every
@@ -73,13 +75,15 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
     for rank in range(schedule.num_ranks):
         held = sorted({schedule.chunk_of(s) for s in schedule.stages_of(rank)})
         static = costs.static_bytes(held)
-        copy = sum(costs.chunks[c].params for c in held) * costs.grad_bytes_per_param
+        params = sum(costs.chunks[c].params for c in held)
+        per = costs.static_parts_per_param or (costs.grad_bytes_per_param,) * 2
+        weights, grads = params * per[0], params * per[1]
         where = np.flatnonzero(mem["rank"] == rank)
         first_peak = where[np.argmax(mem["bytes"][where])]  # the first row at the peak, as idxmax
         peak, t = float(mem["bytes"][first_peak]), float(mem["time_s"][first_peak])
         dynamic = max(peak - static, 0.0)
         pending = min(_w_pending_at(split, rank, t, costs, schedule), dynamic)
-        rows.append(dict(weights=copy, gradients=copy, optimizer_states=static - 2 * copy,
+        rows.append(dict(weights=weights, gradients=grads, optimizer_states=static - weights - grads,
                          activations=dynamic - pending, w_pending=pending, comm_buffers=0.0,
                          allocator_reserve=ALLOCATOR_RESERVE_FRACTION * peak))
     return rows

@@ -144,6 +144,11 @@ class ParallelConfig(NumbersNotBooleans):
             activation function's inputs stay in the compute dtype).
         sequence_parallel: Megatron sequence parallelism with TP (activations sharded by tp).
         dp_buckets: gradient buckets per pipeline stage for the DP all-reduce.
+        grad_reduce_dtype: element type of the gradients the DP all-reduce / reduce-scatter
+            moves (and of ZeRO-2/3's unsharded gradient buckets): ``param``, the gradient's own
+            type (2 bytes in 16-bit mixed precision, 4 in fp32 training); ``fp32``, 4 bytes, as
+            FSDP2's ``MixedPrecisionPolicy(reduce_dtype=torch.float32)`` that torchtitan passes
+            (``parallelize_llama.py``, ``mixed_precision_reduce`` default ``float32``).
         dispatch_dtype: element type of the EP dispatch all-to-all (``fp8`` as in DeepSeek-V3
             §3.3.2; the combine always moves activations of the compute dtype, BF16 for bf16/fp8).
         expert_imbalance: load of the most loaded EP rank / the mean (>= 1; 1 = uniform routing).
@@ -201,6 +206,7 @@ class ParallelConfig(NumbersNotBooleans):
     activation_cache: Literal["compute", "fp8"] = "compute"
     sequence_parallel: bool = True
     dp_buckets: int = Field(default=4, ge=1)
+    grad_reduce_dtype: Literal["param", "fp32"] = "param"
     dispatch_dtype: Literal["bf16", "fp8"] = "bf16"
     expert_imbalance: float = Field(default=1.0, ge=1.0)
     node_limit: int | None = Field(default=None, ge=1)

@@ -50,8 +50,11 @@ def compare(
     seq_len: Annotated[Optional[int], typer.Option(help="tokens per sequence (default: the model's)")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="compute dtype: bf16, fp16, fp8, fp32, tf32")] = None,
     zero_stage: Annotated[Optional[int], typer.Option(help="ZeRO stage: 0, 1 (optimizer), 2 (+gradients) or 3 (+parameters, FSDP)")] = None,
+    grad_reduce_dtype: Annotated[Optional[str], typer.Option(
+        help="element type of the DP gradient reduction: param (the gradient's own) or fp32 (FSDP2 reduce_dtype)")] = None,
     recompute: Annotated[Optional[str], typer.Option(
-        help="activation recomputation: none, selective, full, or (--cost-model ops) operators MODULE,MODULE,... "
+        help="activation recomputation: none, selective, full, or (--cost-model ops) every-second-mm "
+             "(torchtitan's selective op policy) or operators MODULE,MODULE,... "
              "e.g. norm,mla_up,swiglu (memory is then kept as for none)")] = None,
     trainable: Annotated[Optional[str], typer.Option(
         help="which weights train: all, lora:RANK, frozen-layers:LIST (e.g. 0-15,20)")] = None,
@@ -111,7 +114,8 @@ def compare(
     modules = recompute_modules(recompute)
     recompute = "none" if modules else recompute
     overrides = dict(pp=pp, tp=tp, dp=dp, ep=ep, vp=vp, cp=cp, cp_kind=cp_kind, microbatches=microbatches, microbatch_size=microbatch_size,
-                     seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, recompute=recompute, trainable=trainable, waves=waves,
+                     seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, grad_reduce_dtype=grad_reduce_dtype,
+                     recompute=recompute, trainable=trainable, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
                      a2a_links=a2a_links, forward_only=True if forward_only else None, attention=attention,
                      activation_cache=activation_cache, offload=offload, tp_overlap=True if tp_overlap else None,

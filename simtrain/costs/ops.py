@@ -25,7 +25,8 @@ and the fp32 softmax cross-entropy) costs, in each pass, a roofline
   operator below). Without sequence parallelism every TP rank runs them on all tokens.
 
 Recomputation: ``full`` reruns every forward operator inside I; ``selective`` reruns the
-attention core (Korthikanti et al. 2022 §5). MoE layers (``ep > 1``) keep the shipped cost model.
+attention core (Korthikanti et al. 2022 §5); ``every-second-mm`` is torchtitan's "selective op"
+policy (:data:`EVERY_SECOND_MM`). MoE layers (``ep > 1``) keep the shipped cost model.
 
 The model enters :func:`simtrain.scenario.run_schedule` as its ``runtime`` hook
 (:func:`ops_runtime`), replacing each chunk's ``forward_s``, ``backward_input_s`` and
@@ -56,6 +57,18 @@ ALIASES = {"attn_core": ATTENTION_CORE, "swiglu": ("activation",), "gelu": ("act
            "mla_up": ("q_up", "kv_up"), "mlp": ("ffn_up", "activation", "ffn_down"), "ffn": ("ffn_up", "activation", "ffn_down")}
 """Group names accepted by ``--recompute`` (DeepSeek-V3 §3.2.3 recomputes ``norm,mla_up``)."""
 FULL = "*"
+EVERY_SECOND_MM = "every-second-mm"
+"""torchtitan's selective per-op activation checkpointing ("selective op", pytorch/torchtitan
+``parallelize_llama.py`` of April 2024 to 2025, ``_custom_policy``: "Saves output of all compute
+ops, except every second mm"): inside each transformer block the outputs of ``aten.mm`` calls 1,
+3, 5, ... in forward order and of the SDPA (flash / memory-efficient) kernel are saved, so the
+backward reruns matmuls 2, 4, 6, ... and every operator that is not a compute op (norms, residual
+adds, the FFN activation, rotary, dropout), but not the attention core. The mm order is the
+module's: ``wq, wk, wv, wo, w1, w3, w2`` for a SwiGLU Llama block (``w1, w2`` for GeLU), so a
+Llama block reruns ``wk``, ``wo`` and ``w3``. Defined for blocks with separate Q, K and V
+projections (not MLA)."""
+_EVERY_SECOND_MM_RERUNS = ("norm", "residual", "dropout", "activation", "rotary")
+"""The non-compute operators :data:`EVERY_SECOND_MM` reruns (every one of the block)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +212,24 @@ def _layer_ops(ctx: _Ctx, layer: int) -> list[OpCost]:
     return ops
 
 
+def _second_mms(ctx: _Ctx, layer: int) -> list[OpCost]:
+    """The matmuls :data:`EVERY_SECOND_MM` reruns in ``layer``: the 2nd, 4th, ... ``aten.mm`` of the
+    block in forward order (Q, K, V, output projection, then the FFN's up (and gate) and down
+    projections), each as its own GEMM, split over TP as in :func:`_layer_ops`."""
+    m, tp = ctx.model, ctx.parallel.tp
+    h, a, kv = m.hidden_size, m.num_heads, m.kv_heads
+    width = linear_layers(m, layer)[-1][0]  # the FFN intermediate (fan-in of the down projection)
+    mult = linear_layers(m, layer)[-1][2]
+    ffn_up = [(h, width), (h, width)] if m.activation == "swiglu" else [(h, width)]
+    mms = [(h, a * m.q_head_dim, 1.0), (h, kv * m.q_head_dim, 1.0), (h, kv * m.v_head_dim, 1.0),
+           (a * m.v_head_dim, h, 1.0), *((k, n, mult) for k, n in ffn_up), (width, h, mult)]
+    out = []
+    for i, (k, n, rows) in enumerate(mms[1::2]):
+        k_, n_ = (k, n / tp) if k == h else (k / tp, n)
+        out.append(_gemm(f"mm{2 * i + 2}", ctx.tokens * rows, k_, n_, ctx))
+    return out
+
+
 def _head_ops(ctx: _Ctx) -> list[OpCost]:
     """Final norm, LM head GEMM and the fp32 softmax cross-entropy (Korthikanti et al. 2022 §4.3)."""
     m, tp, e = ctx.model, ctx.parallel.tp, ctx.elem
@@ -216,7 +247,7 @@ def _add(a: OpCost, b: OpCost) -> OpCost:
 
 
 def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has_head: bool,
-                    params: float, cache: dict[bool, list[OpCost]] | None = None) -> list[OpCost]:
+                    params: float, cache: dict | None = None) -> list[OpCost]:
     """The operators of one chunk for one microbatch, summed over its layers (one row per name),
     plus ``recompute`` (forward work rerun inside I) and ``grad_accum`` (W's gradient accumulation).
 
@@ -240,6 +271,12 @@ def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has
     if has_head:
         ops += _head_ops(ctx)
     rerun = [o for o in ops if o.name in ctx.recompute or (FULL in ctx.recompute and o.name in rows)]
+    if EVERY_SECOND_MM in ctx.recompute:
+        for layer in layers:
+            key = ("every-second-mm", m.is_moe_layer(layer))
+            if key not in by_kind:
+                by_kind[key] = _second_mms(ctx, layer)
+            rerun += by_kind[key]
     ops.append(OpCost("recompute", (0.0, sum(o.flops[0] for o in rerun), 0.0),
                       (0.0, sum(o.bytes[0] for o in rerun), 0.0), (0.0, sum(o.seconds[0] for o in rerun), 0.0),
                       "compute"))
@@ -257,13 +294,17 @@ GRAD_NORM_CLIP_BYTES_PER_PARAM = 12
 
 def parse_recompute(spec: str) -> frozenset[str]:
     """Operators rerun inside I: ``none``, ``selective`` (the attention core), ``full`` (every
-    layer operator) or a comma-separated list of :data:`LAYER_OPS` names and :data:`ALIASES`.
+    layer operator), ``every-second-mm`` (torchtitan's selective op policy,
+    :data:`EVERY_SECOND_MM`) or a comma-separated list of :data:`LAYER_OPS` names and
+    :data:`ALIASES`.
 
     Raises:
         SimtrainError: an unknown module name (the message lists the allowed ones).
     """
     if spec in ("none", "selective", "full"):
         return {"none": frozenset(), "selective": frozenset(ATTENTION_CORE), "full": frozenset({FULL})}[spec]
+    if spec == EVERY_SECOND_MM:
+        return frozenset({EVERY_SECOND_MM, *_EVERY_SECOND_MM_RERUNS})
     names = set()
     for item in (x.strip() for x in spec.split(",")):
         if item in ALIASES:
@@ -271,8 +312,8 @@ def parse_recompute(spec: str) -> frozenset[str]:
         elif item in LAYER_OPS:
             names.add(item)
         else:
-            raise SimtrainError(f"--recompute = {spec!r}: unknown module {item!r}; choose none, selective, full "
-                                f"or a comma-separated list of {', '.join(LAYER_OPS + tuple(ALIASES))}")
+            raise SimtrainError(f"--recompute = {spec!r}: unknown module {item!r}; choose none, selective, full, "
+                                f"{EVERY_SECOND_MM} or a comma-separated list of {', '.join(LAYER_OPS + tuple(ALIASES))}")
     return frozenset(names)
 
 
@@ -296,19 +337,23 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
         chunks are cut into segments by :mod:`simtrain.moe`) pass through unchanged.
 
     Raises:
-        SimtrainError: ``attention`` is not flash/unfused, an unknown recompute module, ``fp8``
-            other than gemms, or a GPU kind without kernel tables (or without an FP8 GEMM table).
+        SimtrainError: ``attention`` is not flash/unfused, an unknown recompute module,
+            ``every-second-mm`` with an MLA model, ``fp8`` other than gemms, or a GPU kind without kernel tables (or without an FP8 GEMM table).
     """
     if attention not in ("flash", "unfused"):
         raise SimtrainError(f"attention = {attention!r}: choose flash or unfused")
     if fp8 not in (None, "gemms"):
         raise SimtrainError(f"--fp8 = {fp8!r}: the only choice is gemms (FP8 GEMMs, attention in {parallel.dtype})")
+    rerun = parse_recompute(recompute or parallel.recompute)
+    if EVERY_SECOND_MM in rerun and model.mla is not None:
+        raise SimtrainError(f"--recompute = {EVERY_SECOND_MM!r}: defined for blocks with separate Q, K and V "
+                            f"projections; {model.name} uses MLA (name the modules instead)")
     rates = rates_for(hardware)
     if fp8 and "fp8" not in rates.gemm:
         raise SimtrainError(f"--fp8 gemms: {hardware.name} ({rates.kind}) has no FP8 GEMM table; "
                             f"it has {sorted(rates.gemm)}")
     ctx = _Ctx(model, parallel, rates, attention, hardware.hbm_bandwidth_bytes_per_s * rates.hbm_efficiency,
-               parse_recompute(recompute or parallel.recompute), "fp8" if fp8 else None)
+               rerun, "fp8" if fp8 else None)
     return _apply_with(ctx)
 
 

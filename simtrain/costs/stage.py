@@ -16,7 +16,7 @@ from ..parallel import ParallelConfig
 from .context import check_context_parallel, cp_declaration
 from .trainable import check_trainable, is_frozen, layer_adapter
 from .layers import FP8_CACHE_BYTES, elementwise_s, gemm_seconds, layer_shape, linear_layers
-from .types import OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts, static_bytes_per_param
+from .types import OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts, static_bytes_per_param, static_parts_per_param
 
 def split_layers(num_layers: int, num_chunks: int) -> list[int]:
     """Layers per chunk: as even as possible, extra layers to the middle chunks first.
@@ -299,6 +299,8 @@ def stage_costs(
         chunks=tuple(chunks),
         static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard),
         grad_bytes_per_param=weight_bytes,
+        reduce_bytes_per_param=4.0 if parallel.grad_reduce_dtype == "fp32" else None,
+        static_parts_per_param=static_parts_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard),
         optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / shard / optimizer_rate,
         tokens_per_microbatch=tokens * parallel.cp,
         frozen_static_bytes_per_param=weight_bytes / (shard if parallel.zero_stage >= 3 else 1),

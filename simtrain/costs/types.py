@@ -16,8 +16,9 @@ read; master weight, m, v, 16-bit weight written): the step is memory-bound, at 
 or a calibrated profile's measured optimizer rate (``compute.optimizer_gb_per_s``)."""
 
 
-def static_bytes_per_param(weight_bytes: float, optimizer_bytes: float, zero_stage: int, shard: int) -> float:
-    """HBM bytes per parameter for the parameter, its gradient and its optimizer states.
+def static_parts_per_param(weight_bytes: float, optimizer_bytes: float, zero_stage: int,
+                           shard: int) -> tuple[float, float, float]:
+    """HBM bytes per parameter of (the parameter, its gradient, its optimizer states).
 
     Rajbhandari et al. 2020, "ZeRO", §5.1-5.3 (Figure 1): with ``Psi`` parameters, a 16-bit
     parameter and gradient (2 + 2 bytes) and ``K`` optimizer bytes, stage 0 keeps ``2+2+K``,
@@ -32,12 +33,18 @@ def static_bytes_per_param(weight_bytes: float, optimizer_bytes: float, zero_sta
         shard: GPUs the sharded states are split over (the DP degree, or expert-DP).
 
     Returns:
-        Bytes per parameter.
+        ``(parameter, gradient, optimizer)`` bytes per parameter.
     """
     n = shard if zero_stage >= 1 else 1
     params = weight_bytes / n if zero_stage >= 3 else weight_bytes
     grads = weight_bytes / n if zero_stage >= 2 else weight_bytes
-    return params + grads + optimizer_bytes / n
+    return params, grads, optimizer_bytes / n
+
+
+def static_bytes_per_param(weight_bytes: float, optimizer_bytes: float, zero_stage: int, shard: int) -> float:
+    """The sum of :func:`static_parts_per_param`: parameter + gradient + optimizer bytes per
+    parameter (same arguments)."""
+    return sum(static_parts_per_param(weight_bytes, optimizer_bytes, zero_stage, shard))
 
 
 @dataclass(frozen=True)
@@ -121,7 +128,13 @@ class StageCosts:
     Attributes:
         chunks: one :class:`ChunkCost` per model chunk, in model order.
         static_bytes_per_param: parameter + gradient + optimizer bytes per parameter held.
-        grad_bytes_per_param: bytes per parameter of the gradient that DP reduces.
+        grad_bytes_per_param: bytes per parameter of the gradient (and of the parameter copy
+            ZeRO-3 gathers).
+        reduce_bytes_per_param: bytes per gradient element the DP reduction moves
+            (``ParallelConfig.grad_reduce_dtype``); None: ``grad_bytes_per_param``.
+        static_parts_per_param: (parameter, gradient, optimizer) bytes per dense parameter held
+            (:func:`static_parts_per_param`, sharded as the ZeRO stage says), for the memory
+            breakdown; None: one unsharded copy each of parameter and gradient.
         optimizer_s_per_param: seconds of the optimizer step per parameter held.
         tokens_per_microbatch: b x s.
         fixed_op_times: True when durations were replaced by ``--op-times``.
@@ -145,6 +158,13 @@ class StageCosts:
     expert_optimizer_s_per_param: float | None = None
     tied_embedding_params: float = 0.0
     frozen_static_bytes_per_param: float = 0.0
+    reduce_bytes_per_param: float | None = None
+    static_parts_per_param: tuple[float, float, float] | None = None
+
+    @property
+    def dp_reduce_bytes_per_param(self) -> float:
+        """Bytes per gradient element of the DP all-reduce / reduce-scatter."""
+        return self.grad_bytes_per_param if self.reduce_bytes_per_param is None else self.reduce_bytes_per_param
 
     def _per_param(self, chunks, dense_rate: float, expert_rate: float | None, frozen_rate: float = 0.0) -> float:
         """Sum over ``chunks`` of trainable dense parameters x ``dense_rate`` + routed-expert

@@ -93,8 +93,8 @@ def add_gradient_reduction(low: Lowering) -> None:
     in_flight: dict[int, list[int]] = {}  # rank -> its ZeRO-2/3 bucket reductions so far, in order
     for a, anchors in low.bucket_after.items():
         c, group = low.chunk[a.stage], holders[a.stage]
-        dense = (c.params - c.expert_params - c.frozen_params) * costs.grad_bytes_per_param / pieces
-        experts = c.expert_params * costs.grad_bytes_per_param / pieces
+        dense = (c.params - c.expert_params - c.frozen_params) * costs.dp_reduce_bytes_per_param / pieces
+        experts = c.expert_params * costs.dp_reduce_bytes_per_param / pieces
         for i, piece in enumerate(anchors):
             rank = piece.rank
             if transient:  # the bucket's unsharded gradient, from its piece's start to its reduction

@@ -53,7 +53,12 @@ class HardwareRef(_Strict):
 
 
 class FigureFile(_Strict):
-    """One published figure: its metric and value, and what differs from the case's settings."""
+    """One published figure: its metric and value, and what differs from the case's settings.
+
+    ``recompute_ops`` names the operators the per-operator model reruns inside I (a
+    ``--recompute`` value of :func:`simtrain.costs.ops.parse_recompute`, e.g. ``every-second-mm``)
+    where they differ from ``settings.recompute``, which keeps setting the stored activations.
+    """
 
     metric: Metric
     value: float = Field(gt=0)
@@ -64,6 +69,7 @@ class FigureFile(_Strict):
     global_batch: int | None = Field(default=None, ge=1)
     settings: dict[str, Any] = Field(default_factory=dict)
     model: str | dict[str, Any] | None = None
+    recompute_ops: str | None = None
 
 
 class CaseFile(_Strict):
@@ -101,9 +107,10 @@ class Row:
     error: float
 
 
-Runtime = Callable[[ModelSpec, ParallelConfig, HardwareProfile, str], Callable | None]
+Runtime = Callable[[ModelSpec, ParallelConfig, HardwareProfile, str, str | None], Callable | None]
 """Builds the ``runtime`` cost adjustment of :func:`simtrain.scenario.run_schedule` for one figure
-from (model, parallel, hardware, attention kind); None keeps the shipped cost model."""
+from (model, parallel, hardware, attention kind, the figure's ``recompute_ops`` or None); None
+keeps the shipped cost model."""
 
 
 def suite_path() -> Path:
@@ -213,8 +220,8 @@ def run_suite(runtime: Runtime | None = None, path: Path | None = None,
             where = f"published case {case.name} figure {i + 1} ({fig.label or fig.metric})"
             model = _model_of(case, fig, where)
             parallel = _parallel_of(case, fig, where)
-            adjust = runtime(model, parallel, hw, case.attention) if runtime else None
             try:
+                adjust = runtime(model, parallel, hw, case.attention, fig.recompute_ops) if runtime else None
                 run = run_schedule(fig.schedule or case.schedule, model, hw, parallel, runtime=adjust)
             except SimtrainError as exc:
                 raise SimtrainError(f"{where}: {exc}") from None

@@ -143,6 +143,13 @@ class ParallelConfig(NumbersNotBooleans):
             activations and in what a deferred W holds; output gradients, norms' and the
             activation function's inputs stay in the compute dtype).
         sequence_parallel: Megatron sequence parallelism with TP (activations sharded by tp).
+        w_pending: what a split backward keeps from I until W: ``gemm-io``, every linear layer's
+            input and the gradient of its output (Qi et al. 2023, "Zero Bubble Pipeline
+            Parallelism", Table 1, M_W; their Megatron implementation); ``autograd``, the whole
+            autograd graph of the stage, i.e. every stored activation, plus those output
+            gradients, as torch.distributed.pipelining does (``stage_backward_input`` runs
+            ``torch.autograd.grad(..., retain_graph=True)`` and keeps the graph's intermediate
+            nodes and their gradients until ``stage_backward_weight``).
         dp_buckets: gradient buckets per pipeline stage for the DP all-reduce.
         grad_reduce_dtype: element type of the gradients the DP all-reduce / reduce-scatter
             moves (and of ZeRO-2/3's unsharded gradient buckets): ``param``, the gradient's own
@@ -205,6 +212,7 @@ class ParallelConfig(NumbersNotBooleans):
     attention: Literal["flash", "unfused"] | None = None
     activation_cache: Literal["compute", "fp8"] = "compute"
     sequence_parallel: bool = True
+    w_pending: Literal["gemm-io", "autograd"] = "gemm-io"
     dp_buckets: int = Field(default=4, ge=1)
     grad_reduce_dtype: Literal["param", "fp32"] = "param"
     dispatch_dtype: Literal["bf16", "fp8"] = "bf16"

@@ -158,3 +158,27 @@ def test_memory_breakdown_shards_weights_and_gradients_as_the_zero_stage_says(ze
     assert part["gradients"] == pytest.approx(held * 2 / (8 if zero_stage >= 2 else 1))
     assert part["optimizer_states"] == pytest.approx(held * 12 / (8 if zero_stage >= 1 else 1))
     assert all(v >= 0 for v in part.values())
+
+
+def test_autograd_w_pending_holds_every_activation_and_the_output_gradients_until_w():
+    model, hw = load_model("llama3-8b"), load_profile("h100-sxm")
+    base = dict(pp=4, vp=2, microbatches=8, seq_len=1024, recompute="none", sequence_parallel=False)
+    runs = {w: run_schedule("interleaved-zb", model, hw, ParallelConfig(**base, w_pending=w)) for w in ("gemm-io", "autograd")}
+    io, graph = (runs[w].costs.chunks[1] for w in ("gemm-io", "autograd"))
+    assert graph.activation_bytes == io.activation_bytes
+    assert io.weight_grad_bytes < graph.weight_grad_bytes > graph.activation_bytes  # all of it, plus dY
+    tokens, h, f = 1024, model.hidden_size, model.ffn_hidden_size
+    out_grads = 2 * tokens * len(io.layers) * (h + model.kv_heads * 256 + h + 2 * f + h)  # qkv, o, up, down outputs
+    assert graph.weight_grad_bytes == pytest.approx(graph.activation_bytes + out_grads)
+    assert max(runs["autograd"].report.peak_memory_bytes) > max(runs["gemm-io"].report.peak_memory_bytes)
+    # an unsplit backward frees everything at B: the setting changes nothing
+    one = [run_schedule("1f1b", model, hw, ParallelConfig(**{**base, "vp": 1}, w_pending=w)).report.peak_memory_bytes
+           for w in ("gemm-io", "autograd")]
+    assert one[0] == one[1]
+
+
+def test_a_bad_w_pending_names_the_field():
+    from simtrain.cli.settings import parallel_from
+
+    with pytest.raises(SimtrainError, match="field 'parallel.w_pending' = 'all'.*'gemm-io' or 'autograd'"):
+        parallel_from({"w_pending": "all"}, {}, "job.yaml")

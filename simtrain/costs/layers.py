@@ -19,6 +19,7 @@ class LayerShape:
     score_bytes: float  # attention-score bytes per token, unfused attention (dropped by selective recomputation)
     lse_bytes: float  # FlashAttention's saved softmax log-sum-exp bytes per token (fp32 per head)
     w_bytes: float  # bytes per token that W needs after I
+    w_out_bytes: float  # of w_bytes: the linear layers' output gradients
     input_bytes: float  # layer input bytes per token (what full recomputation stores)
     shared_bytes: float  # of act_bytes x tp: what every TP rank stores whole without sequence parallelism
     ew_forward: dict[str, float]  # bytes per token memory-bound kernels move in F, per class
@@ -108,6 +109,7 @@ def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int,
     inputs = sum(k * mult for k, _n, mult in gemms) - (h if model.mla is not None else 0)  # q/kv down share x
     w_bytes = sum(k * mult for k, _n, mult in gemms) * cache + sum(n * mult for _k, n, mult in gemms) * elem
     saved = (elem - cache) * inputs  # per token, what the FP8 cache saves in the stored activations
+    w_out_bytes = sum(n * mult for _k, n, mult in gemms) * elem
     # Memory-bound kernels (each reads its inputs and writes its output once), per class: two
     # norms (F: x -> y; backward: x, dy -> dx), the FFN activation (GeLU F: 1 + 1, backward:
     # 2 + 1; SwiGLU F: 2 + 1, backward: 3 + 2) over every token's expert widths, and two residual
@@ -123,6 +125,7 @@ def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int,
         score_bytes=scores / tp,
         lse_bytes=4 * a / tp,  # FlashAttention-2 (Dao 2023) Algorithm 1: L, one fp32 per query row and head
         w_bytes=w_bytes / tp,
+        w_out_bytes=w_out_bytes / tp,
         input_bytes=h * elem / tp,
         shared_bytes=shared - (elem - cache) * 2 * h,  # the two first-GEMM inputs are cached too
         ew_forward=dict(norm=4 * h * elem / tp, activation=act_f * elem / tp, add=6 * h * elem / tp),

@@ -125,12 +125,16 @@ def layer_terms(st: _Setting, layer: int) -> LayerTerms:
         act, recompute = stored * tokens + ad.activation_bytes, (attn_f if parallel.recompute == "selective" else 0.0)
     params, experts = gpu_layer_params(model, layer, parallel)
     attn_b = 2 * ls.attn_flops * tokens / st.attn_b_rate
+    # what W holds after I: every linear layer's input and output gradient, or (torch's split
+    # backward) the whole autograd graph, i.e. every activation the backward used, and those
+    # output gradients (ParallelConfig.w_pending)
+    held = (ls.w_bytes if parallel.w_pending == "gemm-io" else stored + ls.w_out_bytes) * tokens
     gemm = ls.gemm_flops * tokens
     return LayerTerms(
         gemm_flops=gemm + ad.flops, attn_flops=ls.attn_flops * tokens,
         forward_s=gf + attn_f + ew_f, backward_input_s=gi + attn_b + ew_b,
         backward_weight_s=gw, recompute_s=recompute, activation_bytes=act,
-        weight_grad_bytes=0.0 if frozen and not ad.params else ls.w_bytes * tokens,
+        weight_grad_bytes=0.0 if frozen and not ad.params else held,
         params=params + ad.params, expert_params=experts,
         attn_forward_s=attn_f, attn_backward_s=attn_b,
         weight_gemm_flops=ad.flops + (0.0 if frozen else gemm), frozen_params=params if frozen else 0.0,
@@ -198,7 +202,8 @@ def _add_head(sums: _Sums, st: _Setting) -> None:
     ew_b = elementwise_s(dict(norm=tokens * 3 * h * elem / tp, activation=tokens * 3 * 4 * v / tp), hw)
     sums.f_s, sums.i_s, sums.w_s = sums.f_s + gf + ew_f, sums.i_s + gi + ew_b, sums.w_s + gw
     sums.act += tokens * (2 * h * elem / tp + 4 * v / tp)
-    sums.w += 0.0 if frozen else tokens * (h + v / tp) * elem
+    stored = tokens * (2 * h * elem / tp + 4 * v / tp) if st.parallel.w_pending == "autograd" else tokens * h * elem
+    sums.w += 0.0 if frozen else stored + tokens * v / tp * elem
 
 
 def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:

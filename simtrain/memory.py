@@ -11,7 +11,9 @@ into those parts:
   stage shards them (gradients from stage 2, parameters from stage 3; Rajbhandari et al. 2020
   §5.2-5.3);
 * ``optimizer_states``: the rest of the static bytes, i.e. Adam's fp32 moments (and the fp32
-  master weights in mixed precision), divided by DP under ZeRO-1 (Rajbhandari et al. 2020 §5.1);
+  master weights in mixed precision), divided by DP under ZeRO-1 (Rajbhandari et al. 2020 §5.1),
+  plus, when the peak falls inside the optimizer step, the temporary of torch's foreach Adam
+  (``ParallelConfig.optimizer_impl``);
 * ``w_pending``: at the peak instant, the inputs and output gradients held for W by every
   (stage, microbatch) whose I has ended and whose W has not (Qi et al. 2023, zero bubble);
 * ``activations``: the rest of the peak above the static bytes;
@@ -83,7 +85,9 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
         peak, t = float(mem["bytes"][first_peak]), float(mem["time_s"][first_peak])
         dynamic = max(peak - static, 0.0)
         pending = min(_w_pending_at(split, rank, t, costs, schedule), dynamic)
-        rows.append(dict(weights=weights, gradients=grads, optimizer_states=static - weights - grads,
-                         activations=dynamic - pending, w_pending=pending, comm_buffers=0.0,
+        stepping = (cols["rank"] == rank) & (cols["kind"] == "OPT") & (cols["start_s"] <= t) & (t < cols["end_s"])
+        temp = min(costs.optimizer_temp_bytes(held), dynamic - pending) if stepping.any() else 0.0
+        rows.append(dict(weights=weights, gradients=grads, optimizer_states=static - weights - grads + temp,
+                         activations=dynamic - pending - temp, w_pending=pending, comm_buffers=0.0,
                          allocator_reserve=ALLOCATOR_RESERVE_FRACTION * peak))
     return rows

@@ -151,6 +151,13 @@ class ParallelConfig(NumbersNotBooleans):
             ``torch.autograd.grad(..., retain_graph=True)`` and keeps the graph's intermediate
             nodes and their gradients until ``stage_backward_weight``).
         dp_buckets: gradient buckets per pipeline stage for the DP all-reduce.
+        optimizer_impl: how the Adam step runs: ``fused``, one kernel per tensor list that
+            updates in place (apex / Transformer Engine FusedAdam as Megatron-LM uses, torch's
+            ``fused=True``): no temporary; ``foreach``, torch.optim.Adam/AdamW's multi-tensor
+            path (``_multi_tensor_adamw``: ``exp_avg_sq_sqrt = torch._foreach_sqrt(...)``), which
+            holds one fp32 temporary per parameter of the optimizer while it steps. torchtitan
+            passes ``foreach = not optimizer.fused`` with ``fused`` False by default and builds
+            one optimizer per pipeline stage (``OptimizersContainer``), stepped one after another.
         grad_reduce_dtype: element type of the gradients the DP all-reduce / reduce-scatter
             moves (and of ZeRO-2/3's unsharded gradient buckets): ``param``, the gradient's own
             type (2 bytes in 16-bit mixed precision, 4 in fp32 training); ``fp32``, 4 bytes, as
@@ -215,6 +222,7 @@ class ParallelConfig(NumbersNotBooleans):
     w_pending: Literal["gemm-io", "autograd"] = "gemm-io"
     dp_buckets: int = Field(default=4, ge=1)
     grad_reduce_dtype: Literal["param", "fp32"] = "param"
+    optimizer_impl: Literal["fused", "foreach"] = "fused"
     dispatch_dtype: Literal["bf16", "fp8"] = "bf16"
     expert_imbalance: float = Field(default=1.0, ge=1.0)
     node_limit: int | None = Field(default=None, ge=1)

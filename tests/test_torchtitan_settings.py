@@ -182,3 +182,27 @@ def test_a_bad_w_pending_names_the_field():
 
     with pytest.raises(SimtrainError, match="field 'parallel.w_pending' = 'all'.*'gemm-io' or 'autograd'"):
         parallel_from({"w_pending": "all"}, {}, "job.yaml")
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_foreach_adam_holds_an_fp32_temporary_of_the_largest_chunk_while_it_steps(zero_stage):
+    model, hw = load_model("llama3-8b"), load_profile("h100-sxm")
+    base = dict(pp=4, vp=2, dp=2, microbatches=8, seq_len=1024, recompute="full", zero_stage=zero_stage)
+    runs = {o: run_schedule("interleaved-1f1b", model, hw, ParallelConfig(**base, optimizer_impl=o))
+            for o in ("fused", "foreach")}
+    held = [c for c in range(8) if runs["foreach"].schedule.stage_to_rank[c] == 0]
+    temp = max(runs["foreach"].costs.chunks[c].params for c in held) * 4 / (2 if zero_stage else 1)
+    static = runs["fused"].costs.static_bytes(held)
+    fused, foreach = (runs[o].report.peak_memory_bytes[0] for o in ("fused", "foreach"))
+    assert foreach == pytest.approx(max(fused, static + temp))  # the step comes after the activations are freed
+    part = runs["foreach"].report.memory_breakdown_bytes[0]
+    assert sum(part.values()) == pytest.approx(foreach)
+    assert foreach > fused  # full recompute: the step is the peak; its temporary counts as optimizer state
+    assert part["optimizer_states"] == pytest.approx(static - part["weights"] - part["gradients"] + temp)
+
+
+def test_a_bad_optimizer_impl_names_the_field():
+    from simtrain.cli.settings import parallel_from
+
+    with pytest.raises(SimtrainError, match="field 'parallel.optimizer_impl' = 'apex'.*'fused' or 'foreach'"):
+        parallel_from({"optimizer_impl": "apex"}, {}, "job.yaml")

@@ -306,6 +306,8 @@ def stage_costs(
         grad_bytes_per_param=weight_bytes,
         reduce_bytes_per_param=4.0 if parallel.grad_reduce_dtype == "fp32" else None,
         static_parts_per_param=static_parts_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard),
+        # torch's foreach Adam: an fp32 sqrt(exp_avg_sq) per (sharded) parameter while it steps
+        optimizer_temp_bytes_per_param=4.0 / shard if parallel.optimizer_impl == "foreach" else 0.0,
         optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / shard / optimizer_rate,
         tokens_per_microbatch=tokens * parallel.cp,
         frozen_static_bytes_per_param=weight_bytes / (shard if parallel.zero_stage >= 3 else 1),

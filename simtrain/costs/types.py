@@ -132,6 +132,9 @@ class StageCosts:
             ZeRO-3 gathers).
         reduce_bytes_per_param: bytes per gradient element the DP reduction moves
             (``ParallelConfig.grad_reduce_dtype``); None: ``grad_bytes_per_param``.
+        optimizer_temp_bytes_per_param: bytes per held parameter of one chunk's optimizer that
+            the optimizer step allocates for its duration (``ParallelConfig.optimizer_impl``
+            ``foreach``: 4, divided by the ZeRO shard; 0 when fused).
         static_parts_per_param: (parameter, gradient, optimizer) bytes per dense parameter held
             (:func:`static_parts_per_param`, sharded as the ZeRO stage says), for the memory
             breakdown; None: one unsharded copy each of parameter and gradient.
@@ -160,6 +163,13 @@ class StageCosts:
     frozen_static_bytes_per_param: float = 0.0
     reduce_bytes_per_param: float | None = None
     static_parts_per_param: tuple[float, float, float] | None = None
+    optimizer_temp_bytes_per_param: float = 0.0
+
+    def optimizer_temp_bytes(self, chunks: set[int] | list[int]) -> float:
+        """Transient bytes of the optimizer step of a rank holding ``chunks``: the largest chunk's
+        (one optimizer per chunk, stepped in turn; trainable parameters only)."""
+        return max((self.chunks[c].params - self.chunks[c].frozen_params for c in chunks), default=0.0) \
+            * self.optimizer_temp_bytes_per_param
 
     @property
     def dp_reduce_bytes_per_param(self) -> float:

@@ -171,8 +171,10 @@ def add_optimizer(low: Lowering) -> None:
             continue
         deps = [last_compute[rank]] if rank in last_compute else []
         deps += [t.tid for t in low.dp_tasks.get(rank, [])]
+        temp = costs.optimizer_temp_bytes(low.held[rank])  # foreach Adam's temporary, held while it steps
         opt = low.graph.add(name="optimizer step", rank=rank, category="compute", kind="OPT", stream="compute",
-                            duration_s=duration, deps=deps)
+                            duration_s=duration, deps=deps, mem_start=[(rank, temp)] if temp else [],
+                            mem_end=[(rank, -temp)] if temp else [])
         if parallel.zero_stage in (1, 2) and dp > 1:
             experts = sum(costs.chunks[c].expert_params for c in low.held[rank]) * costs.grad_bytes_per_param
             dense = sum(costs.chunks[c].params - costs.chunks[c].frozen_params

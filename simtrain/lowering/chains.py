@@ -29,7 +29,7 @@ from ..costs import ChunkCost
 from ..network import Topology
 from ..schedules.ir import Action, OverlapAction
 from .items import Block, Chain, Compute, Item, Lowering, TPComm
-from .moe import add_block, moe_items, transfers
+from .moe import add_block, item_template, named, transfers
 
 
 def compute_s(c: ChunkCost, kind: str) -> float:
@@ -143,8 +143,14 @@ def moe_chains(low: Lowering, parts: list[Action], rank: int) -> list[Chain]:
     """A step with an MoE half: the MoE items of each part, its TP collectives in the tail."""
     factor = low.topology.hardware.overlap_compute_factor if len(parts) == 2 else 1.0
     layers = low.topology.parallel.moe_coarsen
-    return [Chain(a, low.chunk[a.stage], [[item] for item in moe_items(a, low.chunk[a.stage], factor, layers)],
-                  tail=tp_item(low, a, rank), buckets="elapsed") for a in parts]
+    chains = []
+    for a in parts:
+        key = (a.stage, a.kind, factor)  # the items of every microbatch's action are alike
+        if key not in low.item_cache:
+            low.item_cache[key] = item_template(a.kind, low.chunk[a.stage], factor, layers)
+        chains.append(Chain(a, low.chunk[a.stage], [[item] for item in named(low.item_cache[key], a)],
+                            tail=tp_item(low, a, rank), buckets="elapsed"))
+    return chains
 
 
 def step_chains(low: Lowering, act, rank: int, grad_buckets: set[Action]) -> tuple[list[Chain], bool]:

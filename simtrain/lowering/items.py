@@ -114,6 +114,8 @@ class Lowering:
         dp_tasks: each rank's gradient-reduction tasks (its optimizer waits for them).
         tp_cache: (stage, kind, rank) -> seconds and ports of the action's TP collectives.
         a2a_cache: (id of an all-to-all cost, rank, lane) -> that cost and its engine transfers.
+        item_cache: (stage, kind, compute factor) -> the MoE items of its actions, labels after
+            the action's name (:func:`simtrain.lowering.moe.item_template`).
     """
 
     schedule: Schedule
@@ -130,6 +132,7 @@ class Lowering:
     dp_tasks: dict[int, list[Task]] = field(default_factory=dict)
     tp_cache: dict[tuple, tuple[float, tuple[str, ...]]] = field(default_factory=dict)
     a2a_cache: dict[tuple, tuple[A2ACost, list[Transfer]]] = field(default_factory=dict)
+    item_cache: dict[tuple, list[Compute | Block]] = field(default_factory=dict)
 
     @property
     def training(self) -> bool:

@@ -64,7 +64,21 @@ def moe_items(action: Action, chunk: ChunkCost, factor: float = 1.0, layers: int
     duration times ``factor`` (the profile's slowdown of an F&B pair's compute, 1 for a plain
     action), with ``layers`` consecutive MoE layers merged into one block (:func:`coarsen`; 1:
     exact). A chunk without MoE blocks (``chunk.moe`` None) is one compute item."""
-    return [_scaled(item, factor) for item in _items(action, chunk, layers)]
+    return named(item_template(action.kind, chunk, factor, layers), action)
+
+
+def item_template(kind: str, chunk: ChunkCost, factor: float = 1.0, layers: int = 1) -> list[Compute | Block]:
+    """:func:`moe_items` of any action of ``kind`` on ``chunk``, each compute item's label only
+    the suffix after the action's name (``" part 2"``); the same for every microbatch, so the
+    lowering builds it once per stage and kind (:func:`named` completes it)."""
+    return [_scaled(item, factor) for item in _items(kind, chunk, layers)]
+
+
+def named(template: list[Compute | Block], action: Action) -> list[Compute | Block]:
+    """The items of ``action`` from its kind's :func:`item_template` (labels prefixed with the
+    action's name; blocks shared)."""
+    name = str(action)
+    return [Compute(it.seconds, name + it.label) if isinstance(it, Compute) else it for it in template]
 
 
 def _scaled(item: Compute | Block, factor: float) -> Compute | Block:
@@ -73,7 +87,6 @@ def _scaled(item: Compute | Block, factor: float) -> Compute | Block:
     return Block(item.layer, item.expert_s * factor, item.to_experts, item.back, item.names, item.last_layer)
 
 
-@lru_cache(maxsize=256)
 def coarsen(moe: MoEChunkCost, layers: int) -> tuple[tuple[Segment, int | None], ...]:
     """The segments of ``moe``, each with the last layer it stands for (None: only its own),
     each run of ``layers`` consecutive MoE blocks merged into one segment (the last run may be
@@ -84,11 +97,17 @@ def coarsen(moe: MoEChunkCost, layers: int) -> tuple[tuple[Segment, int | None],
 
     This is the approximation ``parallel.moe_coarsen`` selects: a lone action lasts as long as
     the exact one (up to rounding), but the other half of an F&B pair, p2p and DP traffic now
-    overlap a few long all-to-alls instead of many short ones. Cached, so that every action of
-    a chunk shares the merged costs."""
-    segments = moe.segments
+    overlap a few long all-to-alls instead of many short ones."""
     if layers == 1:
-        return tuple((seg, None) for seg in segments)
+        return tuple((seg, None) for seg in moe.segments)
+    return _coarsened(moe, layers)
+
+
+@lru_cache(maxsize=256)
+def _coarsened(moe: MoEChunkCost, layers: int) -> tuple[tuple[Segment, int | None], ...]:
+    """:func:`coarsen` for ``layers > 1`` (cached: hashing a chunk's segments is cheaper than
+    merging them again, and the actions of a chunk share the merged costs)."""
+    segments = moe.segments
     blocks = segments[:-1]
     runs = [blocks[i:i + layers] for i in range(0, len(blocks), layers)]
     return (*((_merged(run), run[-1].block.layer if len(run) > 1 else None) for run in runs), (segments[-1], None))
@@ -123,16 +142,15 @@ def _summed(costs: list[A2ACost]) -> A2ACost:
     return A2ACost(sum(c.total_bytes for c in costs), parts, costs[0].collective)
 
 
-def _items(action: Action, chunk: ChunkCost, layers: int = 1) -> list[Compute | Block]:
-    kind = action.kind
+def _items(kind: str, chunk: ChunkCost, layers: int = 1) -> list[Compute | Block]:
     if chunk.moe is None:
         seconds = {"F": chunk.forward_s, "B": chunk.backward_s, "I": chunk.backward_input_s}[kind]
-        return [Compute(seconds, str(action))]
+        return [Compute(seconds, "")]
     segments = coarsen(chunk.moe, layers)
     items: list[Compute | Block] = []
     if kind == "F":
         for i, (seg, last) in enumerate(segments):
-            items.append(Compute(seg.forward_s, f"{action} part {i}"))
+            items.append(Compute(seg.forward_s, f" part {i}"))
             if seg.block is not None:
                 items.append(_forward_block(seg.block, last))
         return items
@@ -140,14 +158,14 @@ def _items(action: Action, chunk: ChunkCost, layers: int = 1) -> list[Compute | 
     for i in reversed(range(len(segments))):
         seg, last = segments[i]
         if chunk.moe.full_recompute:
-            items.append(Compute(seg.recompute_s, f"{action} recompute part {i}"))
+            items.append(Compute(seg.recompute_s, f" recompute part {i}"))
             if seg.block is not None:
                 items.append(_forward_block(seg.block, last))
         if seg.block is not None:
             b = seg.block
             expert_s = b.expert_backward_input_s + (b.expert_backward_weight_s if weight else 0.0)
             items.append(Block(b.layer, expert_s, b.dispatch, b.combine, ("combine-bwd", "dispatch-bwd"), last))
-        items.append(Compute(seg.backward_input_s + (seg.backward_weight_s if weight else 0.0), f"{action} part {i}"))
+        items.append(Compute(seg.backward_input_s + (seg.backward_weight_s if weight else 0.0), f" part {i}"))
     return items
 
 

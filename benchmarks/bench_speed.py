@@ -12,7 +12,10 @@ for dense 1F1B (Llama 3 70B, TP8 DP4) at m = 32, 64, 128 (p = 16) and p = 4, 8, 
 own child process (clean RSS); the two ``e2e`` cases time a whole ``simtrain compare ... --json``
 from process start to JSON. With torch installed it also times torch's own unit-time
 ``_simulate_comms_compute`` on the same 1F1B orders, as a peer ratio. Each figure is the
-minimum over ``--repeat`` runs. Not part of the test suite.
+minimum over ``--repeat`` runs. ``--coarsen K,...`` also runs every DeepSeek-V3 case (and the
+DeepSeek-V3 ``e2e`` case) with ``parallel.moe_coarsen = K`` (an approximation, never the default)
+and prints its step time's error against the exact run of the same case. Not part of the test
+suite.
 """
 
 from __future__ import annotations
@@ -86,8 +89,9 @@ def _timed(module, name: str, split: dict[str, float]) -> None:
     setattr(module, name, wrapper)
 
 
-def run_one(case: str) -> dict:
-    """Run one in-process case (in this process) and return its measurements."""
+def run_one(case: str, coarsen: int = 1) -> dict:
+    """Run one in-process case (in this process, with ``parallel.moe_coarsen = coarsen``) and
+    return its measurements."""
     t_import = time.process_time()
     import simtrain.scenario as scenario
     from simtrain.hardware import load_profile
@@ -99,7 +103,7 @@ def run_one(case: str) -> dict:
     if model_name == "scenario":
         sc = scenario.load_scenario(DEEPSEEK)
         model, hw = load_model(sc.model), load_profile(sc.hardware)
-        parallel = sc.parallel.model_copy(update=overrides)
+        parallel = sc.parallel.model_copy(update={**overrides, "moe_coarsen": coarsen})
     else:
         model, hw = load_model(model_name), load_profile(hw_name)
         parallel = ParallelConfig(**overrides)
@@ -113,25 +117,36 @@ def run_one(case: str) -> dict:
     tasks = run.result.events
     engine = split.get("simulate", float("nan"))
     return {
-        "case": case, "tasks": tasks, "simpy_events": getattr(run.result, "simpy_events", None),
+        "case": case, "step_time_s": run.report.step_time_s, "tasks": tasks, "simpy_events": getattr(run.result, "simpy_events", None),
         "wall_s": wall, "cpu_s": cpu, "import_cpu_s": import_s,
         "split_cpu_s": split, "engine_tasks_per_cpu_s": tasks / engine if engine else None,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
 
-def run_e2e(case: str) -> dict:
-    """Time a whole ``simtrain compare`` process (start-up included)."""
+def run_e2e(case: str, coarsen: int = 1) -> dict:
+    """Time a whole ``simtrain compare`` process (start-up included; ``--moe-coarsen coarsen``
+    when above 1)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     w0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", "from simtrain.cli import main; main()", *E2E[case]],
-                          capture_output=True, text=True, cwd=ROOT)
+    extra = ["--moe-coarsen", str(coarsen)] if coarsen > 1 else []
+    proc = subprocess.run([sys.executable, "-c", _E2E_MAIN, *E2E[case], *extra], capture_output=True, text=True,
+                          cwd=ROOT)
     wall = time.perf_counter() - w0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    json.loads(proc.stdout)  # it printed its rows
-    return {"case": case, "wall_s": wall,
+    rows = json.loads(proc.stdout)  # it printed its rows
+    rss_kib = int(proc.stderr.rsplit("peak rss kib ", 1)[1].split()[0])
+    return {"case": case, "wall_s": wall, "step_time_s": rows[0]["step_time_s"],
             "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-            "peak_rss_mib": after.ru_maxrss / 1024}
+            "peak_rss_mib": rss_kib / 1024}
+
+
+_E2E_MAIN = """import atexit, resource, sys
+atexit.register(lambda: sys.stderr.write(f"\\npeak rss kib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n"))
+from simtrain.cli import main
+main()"""
+"""The ``e2e`` child: the CLI, then its own peak RSS on stderr (RUSAGE_CHILDREN's is the largest
+of every child so far)."""
 
 
 def torch_peer() -> dict | None:
@@ -152,16 +167,16 @@ def torch_peer() -> dict | None:
             "actions": sum(len(v) for v in comms.values())}
 
 
-def _best(case: str, repeat: int) -> dict:
+def _best(case: str, repeat: int, coarsen: int = 1) -> dict:
     """The run with the least CPU time of ``repeat`` runs of ``case`` (each in-process case in a
-    fresh child process)."""
+    fresh child process), with ``parallel.moe_coarsen = coarsen``."""
     runs = []
     for _ in range(repeat):
         if case in E2E:
-            runs.append(run_e2e(case))
+            runs.append(run_e2e(case, coarsen))
         else:
-            out = subprocess.run([sys.executable, __file__, "--one", case], capture_output=True, text=True,
-                                 cwd=ROOT, check=True)
+            out = subprocess.run([sys.executable, __file__, "--one", case, "--coarsen", str(coarsen)],
+                                 capture_output=True, text=True, cwd=ROOT, check=True)
             runs.append(json.loads(out.stdout))
     return min(runs, key=lambda r: r["cpu_s"])
 
@@ -173,29 +188,40 @@ def cost_exponent(sizes: list[float], cpu_s: list[float]) -> float:
     return float(np.polyfit(np.log(sizes), np.log(cpu_s), 1)[0])
 
 
+def _show(label: str, best: dict, ref: float, exact_step_s: float | None = None) -> None:
+    """Print one case's line (with its step time's error against ``exact_step_s`` if given)."""
+    extra = ""
+    if "tasks" in best:
+        split = " ".join(f"{k} {v:.3f}" for k, v in best["split_cpu_s"].items())
+        rate = best["engine_tasks_per_cpu_s"]
+        extra = (f"tasks {best['tasks']:7d} simpy events {best['simpy_events']}  engine "
+                 f"{rate:,.0f} tasks/CPU s  [{split}]  import {best['import_cpu_s']:.2f} s")
+    if exact_step_s is not None:
+        extra += f"  step time {best['step_time_s'] / exact_step_s - 1:+.3%} vs exact"
+    print(f"{label:30s} cpu {best['cpu_s']:7.3f} s (x{best['cpu_s'] / ref:6.2f} ref) wall {best['wall_s']:7.3f} s "
+          f"rss {best['peak_rss_mib']:6.0f} MiB  {extra}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cases", default=",".join([*CASES, *E2E]))
     ap.add_argument("--no-fit", action="store_true", help="skip the cost-exponent fit")
+    ap.add_argument("--coarsen", default="", help="also run the DeepSeek-V3 cases with these moe_coarsen values, e.g. 2,4")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one)))
+        print(json.dumps(run_one(args.one, int(args.coarsen or 1))))
         return
     ref = min(reference_workload() for _ in range(args.repeat))
     print(f"reference workload: {ref:.3f} CPU s (min of {args.repeat}); ratios below are CPU s / reference")
     measured = {}
+    coarsen = [int(k) for k in args.coarsen.split(",") if k]
     for case in args.cases.split(","):
         measured[case] = best = _best(case, args.repeat)
-        extra = ""
-        if "tasks" in best:
-            split = " ".join(f"{k} {v:.3f}" for k, v in best["split_cpu_s"].items())
-            rate = best["engine_tasks_per_cpu_s"]
-            extra = (f"tasks {best['tasks']:7d} simpy events {best['simpy_events']}  engine "
-                     f"{rate:,.0f} tasks/CPU s  [{split}]  import {best['import_cpu_s']:.2f} s")
-        print(f"{case:30s} cpu {best['cpu_s']:7.3f} s (x{best['cpu_s'] / ref:6.2f} ref) wall {best['wall_s']:7.3f} s "
-              f"rss {best['peak_rss_mib']:6.0f} MiB  {extra}", flush=True)
+        _show(case, best, ref)
+        for k in coarsen if "dsv3" in case else ():
+            _show(f"{case} coarsen {k}", _best(case, args.repeat, k), ref, best["step_time_s"])
     if not args.no_fit:
         for axis, series in FIT.items():
             sizes = list(series)

@@ -105,7 +105,8 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
     if cost_model == "ops" and moe:
         raise SimtrainError(f"--cost-model = 'ops': {model.name} is an MoE model, which the per-operator model "
                             "does not cover yet; use auto or flat")
-    chosen = cost_model if cost_model != "auto" else ("ops" if has_kernel_tables(hardware) and not moe else "flat")
+    # an MoE model never reads the kernel tables (op_data.yaml, the largest file simtrain parses)
+    chosen = cost_model if cost_model != "auto" else ("ops" if not moe and has_kernel_tables(hardware) else "flat")
     for flag, given in (("--recompute MODULE,...", modules), ("--fp8", fp8)):
         if given is not None and chosen == "flat":
             raise SimtrainError(f"{flag} = {given!r}: needs the per-operator cost model (--cost-model ops), "

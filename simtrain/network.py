@@ -23,7 +23,7 @@ all-to-all splits over NVLink and the NICs. Nothing else in simtrain prices comm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .collectives import Group as Placement
@@ -138,6 +138,7 @@ class Topology:
 
     hardware: HardwareProfile
     parallel: ParallelConfig
+    _placements: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def node_of(self, pp_rank: int, dp_rank: int = 0, tp_rank: int = 0) -> int:
         """Node index of a GPU."""
@@ -232,6 +233,12 @@ class Topology:
             ``Placement(gpus, per_node, nodes)``: the group's size, the most members it has on one
             node, and the nodes it spans.
         """
+        key = (dim, pp_rank, holders)  # priced again for every bucket of every stage: worked out once
+        if key not in self._placements:
+            self._placements[key] = self._placement(dim, pp_rank, holders)
+        return self._placements[key]
+
+    def _placement(self, dim: GroupDim, pp_rank: int, holders: tuple[int, ...] | None) -> Placement:
         p, per_node = self.parallel, self.hardware.gpus_per_node
         holders = (pp_rank,) if holders is None else holders
         if dim in ("tp", "ep"):

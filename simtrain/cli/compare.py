@@ -92,6 +92,9 @@ def compare(
     node_limit: Annotated[Optional[int], typer.Option(help="most nodes a token is dispatched to")] = None,
     a2a_links: Annotated[Optional[str], typer.Option(
         help="dispatch and combine on shared link ports, or separate (idealised full duplex)")] = None,
+    moe_coarsen: Annotated[Optional[int], typer.Option(
+        help="approximation for speed: lower K consecutive MoE layers as one block, each all-to-all "
+             "wave as one task over NVLink and NICs (1 = exact, the default)")] = None,
     forward_only: Annotated[bool, typer.Option("--forward-only", help="forward passes only (inference)")] = False,
     op_times: Annotated[Optional[str], typer.Option(help="fixed seconds per action F,I,W (B = I + W)")] = None,
     no_comm: Annotated[bool, typer.Option("--no-comm", help="make all communication free")] = False,
@@ -117,9 +120,10 @@ def compare(
                      seq_len=seq_len, dtype=dtype, zero_stage=zero_stage, grad_reduce_dtype=grad_reduce_dtype,
                      recompute=recompute, trainable=trainable, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
-                     a2a_links=a2a_links, forward_only=True if forward_only else None, attention=attention,
-                     activation_cache=activation_cache, offload=offload, tp_overlap=True if tp_overlap else None,
-                     tp_overlap_fraction=tp_overlap_fraction, hardware_queues=hardware_queues)
+                     a2a_links=a2a_links, moe_coarsen=moe_coarsen, forward_only=True if forward_only else None,
+                     attention=attention, activation_cache=activation_cache, offload=offload,
+                     tp_overlap=True if tp_overlap else None, tp_overlap_fraction=tp_overlap_fraction,
+                     hardware_queues=hardware_queues)
     job = read_job(from_megatron, from_torchtitan, dp)
     for line in job.summary() if job else []:
         err.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -29,7 +29,7 @@ from ..costs import ChunkCost
 from ..network import Topology
 from ..schedules.ir import Action, OverlapAction
 from .items import Block, Chain, Compute, Item, Lowering, TPComm
-from .moe import add_block, moe_items, transfers
+from .moe import add_block, item_template, named, transfers
 
 
 def compute_s(c: ChunkCost, kind: str) -> float:
@@ -142,8 +142,15 @@ def pair_chains(low: Lowering, pair: OverlapAction, rank: int) -> list[Chain]:
 def moe_chains(low: Lowering, parts: list[Action], rank: int) -> list[Chain]:
     """A step with an MoE half: the MoE items of each part, its TP collectives in the tail."""
     factor = low.topology.hardware.overlap_compute_factor if len(parts) == 2 else 1.0
-    return [Chain(a, low.chunk[a.stage], [[item] for item in moe_items(a, low.chunk[a.stage], factor)],
-                  tail=tp_item(low, a, rank), buckets="elapsed") for a in parts]
+    layers = low.topology.parallel.moe_coarsen
+    chains = []
+    for a in parts:
+        key = (a.stage, a.kind, factor)  # the items of every microbatch's action are alike
+        if key not in low.item_cache:
+            low.item_cache[key] = item_template(a.kind, low.chunk[a.stage], factor, layers)
+        chains.append(Chain(a, low.chunk[a.stage], [[item] for item in named(low.item_cache[key], a)],
+                            tail=tp_item(low, a, rank), buckets="elapsed"))
+    return chains
 
 
 def step_chains(low: Lowering, act, rank: int, grad_buckets: set[Action]) -> tuple[list[Chain], bool]:
@@ -214,13 +221,23 @@ def _emit_item(low: Lowering, rank: int, ch: Chain, item: Item, pending: list[in
     lane = "-combine" if low.topology.parallel.a2a_links == "separate" else ""
     experts, sent, back = add_block(
         graph, rank, waves=low.waves, after=[ch.compute[-1].tid], expert_s=item.expert_s,
-        to_experts=transfers(item.to_experts, low.topology, rank),
-        back=transfers(item.back, low.topology, rank, lane),
-        kind=a.kind, names=item.names, label=f"{a} L{item.layer}", stage=a.stage, microbatch=a.microbatch,
+        to_experts=_transfers(low, item.to_experts, rank, ""), back=_transfers(low, item.back, rank, lane),
+        kind=a.kind, names=item.names, label=f"{a} {item.label}", stage=a.stage, microbatch=a.microbatch,
     )
     ch.compute += experts
     ch.tasks += sent + experts + back
     return [t.tid for t in back] or [experts[-1].tid]
+
+
+def _transfers(low: Lowering, cost, rank: int, lane: str) -> list:
+    """:func:`simtrain.lowering.moe.transfers` of ``cost`` on ``rank``'s ``lane``, built once per
+    all-to-all cost object, rank and lane (every MoE block of a chunk shares its two costs)."""
+    key = (id(cost), rank, lane)
+    hit = low.a2a_cache.get(key)
+    if hit is None or hit[0] is not cost:
+        merged = low.waves if low.topology.parallel.moe_coarsen > 1 else 0
+        hit = low.a2a_cache[key] = (cost, transfers(cost, low.topology, rank, lane, merged))
+    return hit[1]
 
 
 def _interleave(chains: list[Chain], backward_first: bool):

@@ -42,13 +42,20 @@ class TPComm:
 @dataclass(frozen=True)
 class Block:
     """An MoE block: all-to-all ``to_experts``, ``expert_s`` of expert compute, all-to-all
-    ``back``; ``names`` label the two all-to-alls in the trace."""
+    ``back``; ``names`` label the two all-to-alls in the trace; ``last_layer`` is the last of
+    the layers it stands for when it stands for several (``parallel.moe_coarsen``), else None."""
 
     layer: int
     expert_s: float
     to_experts: A2ACost
     back: A2ACost
     names: tuple[str, str]
+    last_layer: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``L<layer>``, or ``L<first>-<last>`` for a coarsened block."""
+        return f"L{self.layer}" if self.last_layer is None else f"L{self.layer}-{self.last_layer}"
 
 
 Item = Compute | TPComm | Block
@@ -106,6 +113,9 @@ class Lowering:
             which each of its gradient buckets is ready.
         dp_tasks: each rank's gradient-reduction tasks (its optimizer waits for them).
         tp_cache: (stage, kind, rank) -> seconds and ports of the action's TP collectives.
+        a2a_cache: (id of an all-to-all cost, rank, lane) -> that cost and its engine transfers.
+        item_cache: (stage, kind, compute factor) -> the MoE items of its actions, labels after
+            the action's name (:func:`simtrain.lowering.moe.item_template`).
     """
 
     schedule: Schedule
@@ -121,6 +131,8 @@ class Lowering:
     bucket_after: dict[Action, list[Task]] = field(default_factory=dict)
     dp_tasks: dict[int, list[Task]] = field(default_factory=dict)
     tp_cache: dict[tuple, tuple[float, tuple[str, ...]]] = field(default_factory=dict)
+    a2a_cache: dict[tuple, tuple[A2ACost, list[Transfer]]] = field(default_factory=dict)
+    item_cache: dict[tuple, list[Compute | Block]] = field(default_factory=dict)
 
     @property
     def training(self) -> bool:

@@ -42,11 +42,12 @@ data-parallel traffic on the same ports. ``a2a_links = "separate"`` gives the wa
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from ..costs import ChunkCost
 from ..engine import Task, TaskGraph
-from ..moe import A2ACost, MoEBlock
-from ..network import Topology
+from ..moe import A2ACost, MoEBlock, MoEChunkCost, Segment
+from ..network import A2APart, Topology
 from ..schedules.ir import Action
 from .items import Block, Compute, Transfer
 
@@ -58,56 +59,132 @@ def flow_shop_makespan(d: float, l: float, c: float, waves: int) -> float:
     return (d + l + c) / waves + (waves - 1) / waves * max(d, l, c)
 
 
-def moe_items(action: Action, chunk: ChunkCost, factor: float = 1.0) -> list[Compute | Block]:
+def moe_items(action: Action, chunk: ChunkCost, factor: float = 1.0, layers: int = 1) -> list[Compute | Block]:
     """The items of ``action`` (F, B or I) on ``chunk``, in execution order, every compute
     duration times ``factor`` (the profile's slowdown of an F&B pair's compute, 1 for a plain
-    action). A chunk without MoE blocks (``chunk.moe`` None) is one compute item."""
-    return [_scaled(item, factor) for item in _items(action, chunk)]
+    action), with ``layers`` consecutive MoE layers merged into one block (:func:`coarsen`; 1:
+    exact). A chunk without MoE blocks (``chunk.moe`` None) is one compute item."""
+    return named(item_template(action.kind, chunk, factor, layers), action)
+
+
+def item_template(kind: str, chunk: ChunkCost, factor: float = 1.0, layers: int = 1) -> list[Compute | Block]:
+    """:func:`moe_items` of any action of ``kind`` on ``chunk``, each compute item's label only
+    the suffix after the action's name (``" part 2"``); the same for every microbatch, so the
+    lowering builds it once per stage and kind (:func:`named` completes it)."""
+    return [_scaled(item, factor) for item in _items(kind, chunk, layers)]
+
+
+def named(template: list[Compute | Block], action: Action) -> list[Compute | Block]:
+    """The items of ``action`` from its kind's :func:`item_template` (labels prefixed with the
+    action's name; blocks shared)."""
+    name = str(action)
+    return [Compute(it.seconds, name + it.label) if isinstance(it, Compute) else it for it in template]
 
 
 def _scaled(item: Compute | Block, factor: float) -> Compute | Block:
     if isinstance(item, Compute):
         return Compute(item.seconds * factor, item.label)
-    return Block(item.layer, item.expert_s * factor, item.to_experts, item.back, item.names)
+    return Block(item.layer, item.expert_s * factor, item.to_experts, item.back, item.names, item.last_layer)
 
 
-def _items(action: Action, chunk: ChunkCost) -> list[Compute | Block]:
-    kind = action.kind
+def coarsen(moe: MoEChunkCost, layers: int) -> tuple[tuple[Segment, int | None], ...]:
+    """The segments of ``moe``, each with the last layer it stands for (None: only its own),
+    each run of ``layers`` consecutive MoE blocks merged into one segment (the last run may be
+    shorter): its compute is the run's compute, summed, and its block carries the run's expert
+    seconds and all-to-all parts summed (bytes, latency and transfer seconds, so each wave of
+    the merged all-to-all lasts as long as the run's waves end to end). The trailing segment
+    without a block is kept; ``layers = 1`` gives the segments unchanged.
+
+    This is the approximation ``parallel.moe_coarsen`` selects: a lone action lasts as long as
+    the exact one (up to rounding), but the other half of an F&B pair, p2p and DP traffic now
+    overlap a few long all-to-alls instead of many short ones."""
+    if layers == 1:
+        return tuple((seg, None) for seg in moe.segments)
+    return _coarsened(moe, layers)
+
+
+@lru_cache(maxsize=256)
+def _coarsened(moe: MoEChunkCost, layers: int) -> tuple[tuple[Segment, int | None], ...]:
+    """:func:`coarsen` for ``layers > 1`` (cached: hashing a chunk's segments is cheaper than
+    merging them again, and the actions of a chunk share the merged costs)."""
+    segments = moe.segments
+    blocks = segments[:-1]
+    runs = [blocks[i:i + layers] for i in range(0, len(blocks), layers)]
+    return (*((_merged(run), run[-1].block.layer if len(run) > 1 else None) for run in runs), (segments[-1], None))
+
+
+def _merged(run: tuple[Segment, ...]) -> Segment:
+    """One segment standing for the consecutive segments ``run`` (each with a block)."""
+    if len(run) == 1:
+        return run[0]
+
+    def total(get) -> float:
+        return sum(get(s) for s in run)
+
+    block = MoEBlock(
+        layer=run[0].block.layer,
+        expert_forward_s=total(lambda s: s.block.expert_forward_s),
+        expert_backward_input_s=total(lambda s: s.block.expert_backward_input_s),
+        expert_backward_weight_s=total(lambda s: s.block.expert_backward_weight_s),
+        dispatch=_summed([s.block.dispatch for s in run]),
+        combine=_summed([s.block.combine for s in run]),
+    )
+    return Segment(total(lambda s: s.forward_s), total(lambda s: s.backward_input_s),
+                   total(lambda s: s.backward_weight_s), total(lambda s: s.recompute_s), block)
+
+
+def _summed(costs: list[A2ACost]) -> A2ACost:
+    """The all-to-all costs ``costs`` (same link classes) as one: bytes and seconds summed."""
+    parts = tuple(
+        A2APart(ps[0].link, sum(p.nbytes for p in ps), sum(p.latency_s for p in ps), sum(p.transfer_s for p in ps))
+        for ps in zip(*(c.parts for c in costs))
+    )
+    return A2ACost(sum(c.total_bytes for c in costs), parts, costs[0].collective)
+
+
+def _items(kind: str, chunk: ChunkCost, layers: int = 1) -> list[Compute | Block]:
     if chunk.moe is None:
         seconds = {"F": chunk.forward_s, "B": chunk.backward_s, "I": chunk.backward_input_s}[kind]
-        return [Compute(seconds, str(action))]
-    segments = chunk.moe.segments
+        return [Compute(seconds, "")]
+    segments = coarsen(chunk.moe, layers)
     items: list[Compute | Block] = []
     if kind == "F":
-        for i, seg in enumerate(segments):
-            items.append(Compute(seg.forward_s, f"{action} part {i}"))
+        for i, (seg, last) in enumerate(segments):
+            items.append(Compute(seg.forward_s, f" part {i}"))
             if seg.block is not None:
-                items.append(_forward_block(seg.block))
+                items.append(_forward_block(seg.block, last))
         return items
     weight = kind == "B"
     for i in reversed(range(len(segments))):
-        seg = segments[i]
+        seg, last = segments[i]
         if chunk.moe.full_recompute:
-            items.append(Compute(seg.recompute_s, f"{action} recompute part {i}"))
+            items.append(Compute(seg.recompute_s, f" recompute part {i}"))
             if seg.block is not None:
-                items.append(_forward_block(seg.block))
+                items.append(_forward_block(seg.block, last))
         if seg.block is not None:
             b = seg.block
             expert_s = b.expert_backward_input_s + (b.expert_backward_weight_s if weight else 0.0)
-            items.append(Block(b.layer, expert_s, b.dispatch, b.combine, ("combine-bwd", "dispatch-bwd")))
-        items.append(Compute(seg.backward_input_s + (seg.backward_weight_s if weight else 0.0), f"{action} part {i}"))
+            items.append(Block(b.layer, expert_s, b.dispatch, b.combine, ("combine-bwd", "dispatch-bwd"), last))
+        items.append(Compute(seg.backward_input_s + (seg.backward_weight_s if weight else 0.0), f" part {i}"))
     return items
 
 
-def _forward_block(b: MoEBlock) -> Block:
-    return Block(b.layer, b.expert_forward_s, b.dispatch, b.combine, ("dispatch", "combine"))
+def _forward_block(b: MoEBlock, last_layer: int | None = None) -> Block:
+    return Block(b.layer, b.expert_forward_s, b.dispatch, b.combine, ("dispatch", "combine"), last_layer)
 
 
-def transfers(cost: A2ACost, topology: Topology, rank: int, lane: str = "") -> list[Transfer]:
+def transfers(cost: A2ACost, topology: Topology, rank: int, lane: str = "", merged_waves: int = 0) -> list[Transfer]:
     """The engine transfers of ``cost`` on ``rank``'s ports (``lane``: see
-    :meth:`simtrain.network.Topology.a2a_routes`)."""
+    :meth:`simtrain.network.Topology.a2a_routes`): one per link class, or, with ``merged_waves
+    = w > 0`` (``parallel.moe_coarsen``), one transfer holding every link class's ports for as
+    long as the slowest part's wave of ``w`` lasts (the all-to-all's own end,
+    :attr:`simtrain.moe.A2ACost.seconds`), carrying all the bytes; it is named ``links``."""
     nvlink, nic = topology.a2a_routes(rank, lane)
     ports = {"nvlink": nvlink.resources, "nic": nic.resources}
+    if merged_waves and len(cost.parts) > 1:
+        slowest = max(cost.parts, key=lambda p: p.seconds(merged_waves))
+        part = A2APart("links", sum(p.nbytes for p in cost.parts), slowest.latency_s, slowest.transfer_s)
+        return [Transfer(part, tuple(r for p in cost.parts for r in ports[p.link]))]
     return [Transfer(p, ports[p.link]) for p in cost.parts]
 
 
@@ -147,26 +224,29 @@ def add_block(
         ``(expert tasks, tasks to the experts, tasks back)``; whatever follows the block waits for
         the tasks back (or the last expert task when the way back carries nothing).
     """
+    tasks = graph.tasks  # tasks are appended in place, as TaskGraph.add does, without its keyword round trip
+    # each transfer's per-wave duration, bytes, ports and link name, worked out once for all waves
+    out_parts = [(t.part.seconds(waves), t.part.nbytes / waves, t.resources, t.part.link) for t in to_experts]
+    back_parts = [(t.part.seconds(waves), t.part.nbytes / waves, t.resources, t.part.link) for t in back]
     experts, sent, returned = [], [], []
     for i in range(waves):
         tag = f" w{i + 1}/{waves}" if waves > 1 else ""
-        out = [_transfer_task(graph, rank, t, waves, list(after), f"{names[0]} {label}{tag}", stage, microbatch)
-               for t in to_experts]
-        expert = graph.add(
-            name=f"experts {label}{tag}", rank=rank, category="compute", kind=kind,
-            duration_s=expert_s / waves, deps=[t.tid for t in out] or list(after), stream="compute",
-            stage=stage, microbatch=microbatch,
-        )
-        ret = [_transfer_task(graph, rank, t, waves, [expert.tid], f"{names[1]} {label}{tag}", stage, microbatch)
-               for t in back]
+        head = f"{names[0]} {label}{tag} "
+        out = []
+        for seconds, nbytes, resources, link in out_parts:
+            task = Task(len(tasks), head + link, rank, "comm", "a2a", seconds, list(after), None, resources,
+                        stage, microbatch, nbytes)
+            tasks.append(task)
+            out.append(task)
+        expert = Task(len(tasks), f"experts {label}{tag}", rank, "compute", kind, expert_s / waves,
+                      [t.tid for t in out] or list(after), "compute", (), stage, microbatch)
+        tasks.append(expert)
+        head = f"{names[1]} {label}{tag} "
+        for seconds, nbytes, resources, link in back_parts:
+            task = Task(len(tasks), head + link, rank, "comm", "a2a", seconds, [expert.tid], None, resources,
+                        stage, microbatch, nbytes)
+            tasks.append(task)
+            returned.append(task)
         experts.append(expert)
         sent += out
-        returned += ret
     return experts, sent, returned
-
-
-def _transfer_task(graph, rank, t: Transfer, waves, deps, name, stage, microbatch) -> Task:
-    return graph.add(
-        name=f"{name} {t.part.link}", rank=rank, category="comm", kind="a2a", duration_s=t.part.seconds(waves),
-        deps=deps, resources=t.resources, stage=stage, microbatch=microbatch, nbytes=t.part.nbytes / waves,
-    )

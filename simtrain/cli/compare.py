@@ -323,7 +323,12 @@ def _print_breakdown(table: dict, schedule: str) -> None:
         t.add_row(o["name"], o["bound"], f"{o['flops'][0] / 1e9:,.1f}", f"{o['bytes'][0] / 1e6:,.1f}",
                   *(f"{s * 1e3:.3f}" for s in o["seconds"]))
     t.add_row("total", "", "", "", *(f"{s * 1e3:.3f}" for s in table["total_s"]))
-    t.add_row("per step: optimizer", "memory", "", "", "", "", f"{table['per_step']['optimizer_s'] * 1e3:.3f}")
+    step = table["per_step"]
+    for label, key in (("Adam", "adam_s"), ("grad norm + clipping", "grad_norm_clip_s"),
+                       ("tied-embedding sync", "tied_embedding_sync_s")):
+        if step[key]:
+            t.add_row(f"per step: {label}", "comm" if key.startswith("tied") else "memory", "", "", "", "",
+                      f"{step[key] * 1e3:.3f}")
     out.print(t)
 
 

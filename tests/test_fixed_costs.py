@@ -153,3 +153,13 @@ def test_bad_host_section_of_op_data_is_one_error(host):
     data["host"] = host
     with pytest.raises(SimtrainError, match="host"):
         parse_op_data(data, "op_data.yaml")
+
+
+def test_a_published_cases_inter_node_efficiency_is_used():
+    from simtrain.published import HardwareRef, _hardware_of
+
+    link = {"name": "Omni-Path", "bandwidth_gb_per_s": 12.5, "nics_per_node": 4, "latency_us": 8}
+    default = _hardware_of(HardwareRef(profile="a100-sxm-80gb", inter_node=link))
+    slow = _hardware_of(HardwareRef(profile="a100-sxm-80gb", inter_node={**link, "efficiency": 0.5}))
+    assert default.inter_node.achieved_efficiency == load_profile("a100-sxm-80gb").inter_node.achieved_efficiency
+    assert slow.inter_node.achieved_efficiency == 0.5

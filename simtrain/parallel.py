@@ -159,7 +159,8 @@ class ParallelConfig(NumbersNotBooleans):
             ``isend``/``irecv``); ``blocking``: DeepSpeed's pipeline engine, whose ``p2p.send`` /
             ``p2p.recv`` are synchronous (``assert async_op == False``) and whose
             ``TrainSchedule`` orders each step's sends and receives so that paired ranks meet
-            (:mod:`simtrain.lowering.blocking`); 1F1B only.
+            (:mod:`simtrain.lowering.blocking`); 1F1B training steps only (a
+            ``forward_only`` step keeps ``async``).
         launch_blocking: ``CUDA_LAUNCH_BLOCKING=1`` (BLOOM-176B's training environment,
             bigscience ``train/tr11-176B-ml/README.md``): every kernel launch waits for the kernel,
             so the host's per-kernel time adds to every kernel instead of hiding behind the

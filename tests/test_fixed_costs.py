@@ -140,6 +140,7 @@ def test_launch_row_bounds_a_tiny_model_by_its_host():
     ({"grad_reduce_op": "broadcast"}, "grad_reduce_op"),
     ({"grad_reduce_op": "all-reduce", "zero_stage": 2}, "reduce-scatter"),
     ({"launch_blocking": "maybe"}, "launch_blocking"),
+    ({"p2p_mode": "blocking", "zero_stage": 3}, "ZeRO stage 0 or 1"),
 ])
 def test_bad_settings_give_one_error_line(settings, message):
     with pytest.raises(SimtrainError, match=message) as err:

@@ -123,11 +123,14 @@ def stage_breakdown(run: ScheduleRun, runtime, stage: int) -> dict:
         stage: the model chunk (pipeline stage) index.
 
     Returns:
-        ``{"stage", "layers", "operators": [{"name", "bound", "flops", "bytes", "seconds"}],
-        "total_s", "per_step": {"optimizer_s"}}``: ``flops``, ``bytes`` and ``seconds`` are
-        [F, I, W] lists; ``total_s`` is their column sum, which equals the chunk's
-        ``forward_s``, ``backward_input_s`` and ``backward_weight_s``. ``optimizer_s`` is the
-        per-step optimizer time of the chunk's parameters (Adam plus gradient norm and clipping).
+        ``{"stage", "layers", "operators": [{"name", "bound", "flops", "bytes", "seconds",
+        "kernels"}], "total_s", "per_step": {"optimizer_s", "adam_s", "grad_norm_clip_s",
+        "tied_embedding_sync_s"}}``: ``flops``, ``bytes``, ``seconds`` and ``kernels`` are [F, I,
+        W] lists; ``total_s`` is the column sum of ``seconds``, which equals the chunk's
+        ``forward_s``, ``backward_input_s`` and ``backward_weight_s`` (the fixed per-kernel cost is
+        the ``launch`` row). Per step: ``optimizer_s`` is the optimizer time of the chunk's
+        parameters, ``adam_s`` plus ``grad_norm_clip_s``; ``tied_embedding_sync_s`` the longest
+        tied-embedding gradient all-reduce task of the rank holding the stage (0 if none).
 
     Raises:
         SimtrainError: ``stage`` is out of range, or the costs were fixed by ``--op-times``.
@@ -139,11 +142,17 @@ def stage_breakdown(run: ScheduleRun, runtime, stage: int) -> dict:
         raise SimtrainError("--breakdown: the durations are fixed by --op-times; there are no operators to show")
     c = costs.chunks[stage]
     ops = costs_ops.chunk_breakdown(runtime.ctx, c.layers, c.has_embedding, c.has_head, c.params, {})
-    rows = [dict(name=o.name, bound=o.bound, flops=list(o.flops), bytes=list(o.bytes), seconds=list(o.seconds))
-            for o in ops]
+    rows = [dict(name=o.name, bound=o.bound, flops=list(o.flops), bytes=list(o.bytes), seconds=list(o.seconds),
+                 kernels=list(o.kernels)) for o in ops]
     total = [sum(o.seconds[p] for o in ops) for p in range(3)]
+    optimizer = costs.optimizer_s([stage])
+    clip = costs_ops.grad_norm_clip_s(runtime.ctx, c.params - c.frozen_params)
+    table, rank = run.result.table, run.schedule.stage_to_rank[stage]
+    tied = [e - b for n, r, b, e in zip(table["name"], table["rank"], table["start_s"], table["end_s"])
+            if n == "embedding grad all-reduce" and r == rank]
     return dict(stage=stage, layers=list(c.layers), operators=rows, total_s=total,
-                per_step=dict(optimizer_s=costs.optimizer_s([stage])))
+                per_step=dict(optimizer_s=optimizer, adam_s=optimizer - clip, grad_norm_clip_s=clip,
+                              tied_embedding_sync_s=float(max(tied, default=0.0))))
 
 
 def hfu(run: ScheduleRun, model: ModelSpec, parallel: ParallelConfig, hardware: HardwareProfile,

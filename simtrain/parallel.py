@@ -158,11 +158,30 @@ class ParallelConfig(NumbersNotBooleans):
             holds one fp32 temporary per parameter of the optimizer while it steps. torchtitan
             passes ``foreach = not optimizer.fused`` with ``fused`` False by default and builds
             one optimizer per pipeline stage (``OptimizersContainer``), stepped one after another.
-        grad_reduce_dtype: element type of the gradients the DP all-reduce / reduce-scatter
-            moves (and of ZeRO-2/3's unsharded gradient buckets): ``param``, the gradient's own
-            type (2 bytes in 16-bit mixed precision, 4 in fp32 training); ``fp32``, 4 bytes, as
-            FSDP2's ``MixedPrecisionPolicy(reduce_dtype=torch.float32)`` that torchtitan passes
-            (``parallelize_llama.py``, ``mixed_precision_reduce`` default ``float32``).
+        grad_reduce_dtype: the dtype gradients are accumulated over microbatches in and reduced
+            over DP (and between the tied-embedding stages) in; None: the weight-gradient dtype
+            (16-bit in bf16/fp16 mixed precision). ``fp32`` is DeepSpeed's ``BF16_Optimizer``
+            (``update_hp_grads`` adds each microbatch's bf16 gradient into an fp32 buffer, which
+            ``get_grads_for_reduction`` hands to the DP all-reduce; ``deepspeed/runtime/bf16_optimizer.py``,
+            2022) and Megatron-LM's ``--accumulate-allreduce-grads-in-fp32``; also FSDP2's
+            ``MixedPrecisionPolicy(reduce_dtype=torch.float32)`` that torchtitan passes
+            (``parallelize_llama.py``, ``mixed_precision_reduce`` default ``float32``), where it
+            sets ZeRO-2/3's reduce-scatter and unsharded gradient buckets too.
+        grad_reduce_op: the DP gradient collective: ``all-reduce`` or ``reduce-scatter``; None: by
+            ZeRO stage (reduce-scatter from ZeRO-1 on). DeepSpeed's pipeline engine with the
+            ``BF16_Optimizer`` all-reduces the whole gradient although the optimizer states are
+            sharded (``_exec_reduce_grads`` -> ``buffered_allreduce_fallback``, then an all-gather
+            of the updated bf16 partitions): ``zero_stage: 1`` with ``grad_reduce_op: all-reduce``.
+        p2p_mode: ``async``: a pipeline send runs beside the sender's next compute (torch's
+            ``isend``/``irecv``); ``blocking``: DeepSpeed's pipeline engine, whose ``p2p.send`` /
+            ``p2p.recv`` are synchronous (``assert async_op == False``) and whose
+            ``TrainSchedule`` orders each step's sends and receives so that paired ranks meet
+            (:mod:`simtrain.lowering.blocking`); 1F1B training steps only (a
+            ``forward_only`` step keeps ``async``).
+        launch_blocking: ``CUDA_LAUNCH_BLOCKING=1`` (BLOOM-176B's training environment,
+            bigscience ``train/tr11-176B-ml/README.md``): every kernel launch waits for the kernel,
+            so the host's per-kernel time adds to every kernel instead of hiding behind the
+            previous one (the ``launch`` row of :mod:`simtrain.costs.ops`).
         dispatch_dtype: element type of the EP dispatch all-to-all (``fp8`` as in DeepSeek-V3
             §3.3.2; the combine always moves activations of the compute dtype, BF16 for bf16/fp8).
         expert_imbalance: load of the most loaded EP rank / the mean (>= 1; 1 = uniform routing).
@@ -232,8 +251,11 @@ class ParallelConfig(NumbersNotBooleans):
     sequence_parallel: bool = True
     w_pending: Literal["gemm-io", "autograd"] = "gemm-io"
     dp_buckets: int = Field(default=4, ge=1)
-    grad_reduce_dtype: Literal["param", "fp32"] = "param"
     optimizer_impl: Literal["fused", "foreach"] = "fused"
+    grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] | None = None
+    grad_reduce_op: Literal["all-reduce", "reduce-scatter"] | None = None
+    p2p_mode: Literal["async", "blocking"] = "async"
+    launch_blocking: bool = False
     dispatch_dtype: Literal["bf16", "fp8"] = "bf16"
     expert_imbalance: float = Field(default=1.0, ge=1.0)
     node_limit: int | None = Field(default=None, ge=1)
@@ -260,7 +282,18 @@ class ParallelConfig(NumbersNotBooleans):
                              "use 'tp-dp-pp' (the default with ep > 1)")
         if self.tp_overlap_fraction != 1.0 and not self.tp_overlap:
             raise ValueError("tp_overlap_fraction applies only with tp_overlap (--tp-overlap)")
+        if self.grad_reduce_op == "all-reduce" and self.zero_stage >= 2:
+            raise ValueError(f"grad_reduce_op 'all-reduce' with zero_stage {self.zero_stage}: ZeRO-2/3 shard the "
+                             "gradients, which needs reduce-scatter (or choose zero_stage 0 or 1)")
+        if self.p2p_mode == "blocking" and self.zero_stage >= 2:
+            raise ValueError(f"p2p_mode 'blocking' with zero_stage {self.zero_stage}: DeepSpeed's pipeline engine "
+                             "runs ZeRO stage 0 or 1 only (choose zero_stage 0 or 1, or p2p_mode 'async')")
         return self
+
+    @property
+    def dp_reduce_op(self) -> str:
+        """The DP gradient collective: ``grad_reduce_op``, else reduce-scatter from ZeRO-1 on."""
+        return self.grad_reduce_op or ("reduce-scatter" if self.zero_stage >= 1 else "all-reduce")
 
     @field_validator("trainable", "offload")
     @classmethod

@@ -51,7 +51,8 @@ def compare(
     dtype: Annotated[Optional[str], typer.Option(help="compute dtype: bf16, fp16, fp8, fp32, tf32")] = None,
     zero_stage: Annotated[Optional[int], typer.Option(help="ZeRO stage: 0, 1 (optimizer), 2 (+gradients) or 3 (+parameters, FSDP)")] = None,
     grad_reduce_dtype: Annotated[Optional[str], typer.Option(
-        help="element type of the DP gradient reduction: param (the gradient's own) or fp32 (FSDP2 reduce_dtype)")] = None,
+        help="element type gradients are accumulated and DP-reduced in: bf16, fp16 or fp32 (FSDP2 reduce_dtype, "
+             "DeepSpeed BF16_Optimizer) [default: the gradient's own]")] = None,
     recompute: Annotated[Optional[str], typer.Option(
         help="activation recomputation: none, selective, full, or (--cost-model ops) every-second-mm "
              "(torchtitan's selective op policy) or operators MODULE,MODULE,... "
@@ -331,7 +332,12 @@ def _print_breakdown(table: dict, schedule: str) -> None:
         t.add_row(o["name"], o["bound"], f"{o['flops'][0] / 1e9:,.1f}", f"{o['bytes'][0] / 1e6:,.1f}",
                   *(f"{s * 1e3:.3f}" for s in o["seconds"]))
     t.add_row("total", "", "", "", *(f"{s * 1e3:.3f}" for s in table["total_s"]))
-    t.add_row("per step: optimizer", "memory", "", "", "", "", f"{table['per_step']['optimizer_s'] * 1e3:.3f}")
+    step = table["per_step"]
+    for label, key in (("Adam", "adam_s"), ("grad norm + clipping", "grad_norm_clip_s"),
+                       ("tied-embedding sync", "tied_embedding_sync_s")):
+        if step[key]:
+            t.add_row(f"per step: {label}", "comm" if key.startswith("tied") else "memory", "", "", "", "",
+                      f"{step[key] * 1e3:.3f}")
     out.print(t)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SimtrainError, load_yaml_file
-from ..hardware import TFLOPS, HardwareProfile
+from ..hardware import TFLOPS, US, HardwareProfile
 
 OP_DATA = Path(__file__).resolve().parent / "op_data.yaml"
 
@@ -34,6 +34,8 @@ class KernelRates:
         attention: (seq_len, causal forward FLOP/s) points, ascending; empty when unmeasured.
         backward_ratio: attention backward efficiency / forward efficiency.
         hbm_efficiency: achieved / datasheet HBM bandwidth of memory-bound kernels.
+        host_per_kernel_s: host seconds to issue one kernel (PyTorch eager dispatch + CUDA launch,
+            ``host:`` of ``op_data.yaml``).
     """
 
     kind: str
@@ -43,6 +45,7 @@ class KernelRates:
     attention: tuple[tuple[int, float], ...]
     backward_ratio: float
     hbm_efficiency: float
+    host_per_kernel_s: float = 0.0
 
     def gemm_flops_per_s(self, m: float, n: float, k: float, dtype: str, batch: float = 1) -> float:
         """Achieved FLOP/s of ``batch`` (m, n, k) GEMMs in one call in ``dtype``: multilinear in
@@ -103,6 +106,13 @@ def parse_op_data(data: dict, source: str = "op_data.yaml") -> dict[str, dict]:
     for name, grid in (("dims", dims), ("batches", batches)):
         if len(grid) < 2 or sorted(set(grid)) != list(grid) or any(d <= 0 for d in grid):
             raise SimtrainError(f"{source}: field '{name}' = {grid}: must be two or more positive, ascending sizes")
+    host = data.get("host", {})
+    for key in host if isinstance(host, dict) else ["(section)"]:
+        value = host[key] if isinstance(host, dict) else host
+        if key not in ("launch_us", "framework_op_us") or isinstance(value, bool) or \
+                not isinstance(value, (int, float)) or value < 0:
+            raise SimtrainError(f"{source}: host.{key} = {value!r}: host takes launch_us and framework_op_us, "
+                                "each a number of microseconds >= 0")
     for kind, spec in kinds.items():
         gemm = spec.get("gemm", {})
         if "borrow" in gemm and gemm["borrow"] not in kinds:
@@ -150,8 +160,10 @@ def kernel_rates(kind: str, path: Path = OP_DATA) -> KernelRates:
     causal = data.get("causal_ratio", 1.0)
     points = tuple(sorted((p["seq_len"], p["forward_tflops"] * TFLOPS * (1.0 if p["causal"] else causal))
                           for p in att.get("points", [])))
+    host = data.get("host", {})
+    host_s = (host.get("launch_us", 0.0) + host.get("framework_op_us", 0.0)) * US
     return KernelRates(kind, tuple(data["dims"]), tuple(data["batches"]), tables, points, att.get("backward_ratio", 1.0),
-                       spec.get("hbm_efficiency", 1.0))
+                       spec.get("hbm_efficiency", 1.0), host_s)
 
 
 def rates_for(hardware: HardwareProfile) -> KernelRates:

@@ -40,11 +40,11 @@ import dataclasses
 from ..errors import SimtrainError
 from ..hardware import HardwareProfile
 from ..models import ModelSpec
-from ..parallel import ParallelConfig
+from ..parallel import DTYPE_BYTES, ParallelConfig
 from .context import cp_declaration
 from .kernels import KernelRates, rates_for
 from .layers import linear_layers
-from .types import StageCosts
+from .types import StageCosts, grad_accumulate_bytes_per_param
 
 ATTENTION_CORE = ("attention", "attn_scores", "attn_context", "softmax", "attn_dropout")
 """Operators that selective recomputation reruns (Korthikanti et al. 2022 §5)."""
@@ -79,7 +79,9 @@ class OpCost:
         name: operator (``qkv``, ``attention``, ``norm``, ...), prefixed by ``head:`` on the head.
         flops, bytes: per pass (F, I, W): FLOPs and HBM bytes, summed over the chunk's layers.
         seconds: per pass, roofline seconds summed over the chunk's layers.
-        bound: ``compute`` or ``memory``: which side of the roofline its forward is on.
+        bound: ``compute`` or ``memory``: which side of the roofline its forward is on (``host``
+            for the ``launch`` row).
+        kernels: per pass, CUDA kernels it launches (:data:`KERNELS`), summed over the layers.
     """
 
     name: str
@@ -87,11 +89,12 @@ class OpCost:
     bytes: tuple[float, float, float]
     seconds: tuple[float, float, float]
     bound: str
+    kernels: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def scaled(self, n: float) -> OpCost:
         """This operator ``n`` times (n layers of one shape)."""
         return OpCost(self.name, *(tuple(v * n for v in t) for t in (self.flops, self.bytes, self.seconds)),
-                      self.bound)
+                      self.bound, tuple(v * n for v in self.kernels))
 
 
 # ----------------------------------------------------------------------------- operators
@@ -243,7 +246,52 @@ def _head_ops(ctx: _Ctx) -> list[OpCost]:
 def _add(a: OpCost, b: OpCost) -> OpCost:
     """Two terms of one operator summed (a's name and bound)."""
     return OpCost(a.name, *(tuple(x + y for x, y in zip(getattr(a, f), getattr(b, f)))
-                            for f in ("flops", "bytes", "seconds")), a.bound)
+                            for f in ("flops", "bytes", "seconds")), a.bound,
+                  tuple(x + y for x, y in zip(a.kernels, b.kernels)))
+
+
+KERNELS = {
+    "gemm": (1, 1, 1), "attn_scores": (1, 2, 0), "attn_context": (1, 2, 0), "softmax": (1, 1, 0),
+    "attn_dropout": (1, 1, 0), "attention": (1, 3, 0), "norm": (2, 6, 0), "residual": (2, 2, 0),
+    "dropout": (2, 2, 0), "activation": (1, 1, 0), "rotary": (2, 2, 0), "embedding": (1, 1, 0),
+    "head:norm": (1, 3, 0), "head:cross_entropy": (6, 3, 0),
+}
+"""CUDA kernels per operator per layer in F, I and W, counted from Megatron-LM's transformer
+layer with its fused kernels (``megatron/model/transformer.py``, ``fused_softmax.py``,
+``fused_bias_gelu.py``, ``fused_layer_norm.py``, ``tensor_parallel/cross_entropy.py``): a linear
+layer is one GEMM per pass (bias added in its epilogue); the unfused attention is one
+strided-batched GEMM per product in F and two in I; the scale-mask-softmax, the GeLU and each
+dropout one kernel per pass; apex's LayerNorm one kernel forward and three backward (input
+gradient, partial and final gamma/beta gradients), two norms per layer; two residual adds (and
+their two gradient sums); FlashAttention-2 one forward and three backward kernels (pre-process,
+backward, dQ conversion; ``flash_attn/flash_attn_interface.py``); the vocabulary-parallel
+cross-entropy six forward kernels (max, subtract, exp, sum, log, target gather) and three backward.
+Every other name (GEMMs) counts as ``gemm``."""
+
+
+def _kernels(name: str) -> tuple[int, int, int]:
+    """:data:`KERNELS` of operator ``name`` (GEMMs by default)."""
+    return KERNELS.get(name, KERNELS.get(name.removeprefix("head:"), KERNELS["gemm"]))
+
+
+def _launch(ops: list[OpCost], ctx: _Ctx) -> OpCost:
+    """The host's share of a chunk's passes: each pass issues its kernels one after another, each
+    costing the host ``host_per_kernel_s`` (eager dispatch + CUDA launch, ``op_data.yaml``).
+
+    * asynchronous launches (the default): the GPU cannot end a pass before its last kernel was
+      issued, so a pass lasts at least ``kernels x host_per_kernel_s``; the row is the excess
+      over the kernels' own seconds (0 when the GPU is the bottleneck, as for large layers);
+    * ``launch_blocking`` (``CUDA_LAUNCH_BLOCKING=1``): every launch waits for its kernel, so
+      the host time adds to every kernel: ``kernels x host_per_kernel_s``.
+    """
+    host = ctx.rates.host_per_kernel_s
+    kernels = tuple(sum(o.kernels[p] for o in ops) for p in range(3))
+    busy = tuple(sum(o.seconds[p] for o in ops) for p in range(3))
+    if ctx.parallel.launch_blocking:
+        secs = tuple(k * host for k in kernels)
+    else:
+        secs = tuple(max(0.0, k * host - b) for k, b in zip(kernels, busy))
+    return OpCost("launch", (0.0,) * 3, (0.0,) * 3, secs, "host", kernels)
 
 
 def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has_head: bool,
@@ -264,12 +312,13 @@ def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has
             by_kind[kind] = _layer_ops(ctx, layer)
         for op in by_kind[kind]:
             rows[op.name] = _add(rows[op.name], op) if op.name in rows else op
-    ops = list(rows.values())
+    ops = [dataclasses.replace(o, kernels=tuple(k * len(layers) for k in _kernels(o.name))) for o in rows.values()]
     if has_embedding:
         h = m.hidden_size
         ops.append(_memory("embedding", 2 * e * h * ctx.row_tokens, 3 * e * h * ctx.row_tokens, ctx))
     if has_head:
         ops += _head_ops(ctx)
+    ops = [o if o.name in rows else dataclasses.replace(o, kernels=_kernels(o.name)) for o in ops]
     rerun = [o for o in ops if o.name in ctx.recompute or (FULL in ctx.recompute and o.name in rows)]
     if EVERY_SECOND_MM in ctx.recompute:
         for layer in layers:
@@ -279,17 +328,37 @@ def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has
             rerun += by_kind[key]
     ops.append(OpCost("recompute", (0.0, sum(o.flops[0] for o in rerun), 0.0),
                       (0.0, sum(o.bytes[0] for o in rerun), 0.0), (0.0, sum(o.seconds[0] for o in rerun), 0.0),
-                      "compute"))
-    mb = ctx.parallel.microbatches
-    weight_bytes = 2 if e == 2 else 4
-    ops.append(_memory("grad_accum", 0.0, 0.0, ctx, w_bytes=(mb - 1) / mb * 3 * weight_bytes * params))
+                      "compute", (0.0, sum(o.kernels[0] for o in rerun), 0.0)))
+    ops.append(_grad_accum(ctx, params, len(layers)))
+    ops.append(_launch(ops, ctx))
     return ops
+
+
+def _grad_accum(ctx: _Ctx, params: float, layers: int) -> OpCost:
+    """W's gradient accumulation over microbatches (bytes: :func:`grad_accumulate_bytes_per_param`),
+    one kernel per parameter tensor (two with a wider accumulator: cast, then add), a layer holding
+    one weight per linear layer (and a bias with ``model.bias``) and two per norm (one for RMSNorm)."""
+    m, par = ctx.model, ctx.parallel
+    weight_bytes = 2 if ctx.elem == 2 else 4
+    reduce_bytes = None if par.grad_reduce_dtype is None else DTYPE_BYTES[par.grad_reduce_dtype]
+    per_param = grad_accumulate_bytes_per_param(weight_bytes, reduce_bytes, par.microbatches)
+    tensors = layers * (len(linear_layers(m, 0)) * (2 if m.bias else 1) + 2 * (2 if m.norm == "layernorm" else 1))
+    wide = reduce_bytes is not None and reduce_bytes > weight_bytes
+    op = _memory("grad_accum", 0.0, 0.0, ctx, w_bytes=per_param * params)
+    return dataclasses.replace(op, kernels=(0.0, 0.0, tensors * (2 if wide else 1)))
 
 
 # ----------------------------------------------------------------------------- into the simulator
 GRAD_NORM_CLIP_BYTES_PER_PARAM = 12
 """HBM bytes per parameter of the per-step gradient-norm (read the fp32 gradient: 4) and clipping
 (read and write it: 8) that Megatron-style trainers run before the optimizer step; memory-bound."""
+
+
+def grad_norm_clip_s(ctx: _Ctx, params: float) -> float:
+    """Seconds of the per-step gradient norm and clipping over ``params`` parameters of one GPU
+    (:data:`GRAD_NORM_CLIP_BYTES_PER_PARAM` at the memory-bound rate, on the ZeRO-1+ shard)."""
+    shard = ctx.parallel.dp if ctx.parallel.zero_stage >= 1 else 1
+    return GRAD_NORM_CLIP_BYTES_PER_PARAM / ctx.hbm_bytes_per_s / shard * params
 
 
 def parse_recompute(spec: str) -> frozenset[str]:
@@ -382,10 +451,8 @@ def _apply_with(ctx: _Ctx):
             chunks.append(dataclasses.replace(c, forward_s=f, backward_input_s=i, backward_weight_s=w,
                                               full_backward_s=None, cp_hide_forward_s=cp.hide_forward_s,
                                               cp_hide_backward_s=cp.hide_backward_s, gemm_s=_linear_seconds(ctx, ops)))
-        extra = GRAD_NORM_CLIP_BYTES_PER_PARAM / ctx.hbm_bytes_per_s
-        shard = parallel.dp if parallel.zero_stage >= 1 else 1
         return dataclasses.replace(costs, chunks=tuple(chunks),
-                                   optimizer_s_per_param=costs.optimizer_s_per_param + extra / shard)
+                                   optimizer_s_per_param=costs.optimizer_s_per_param + grad_norm_clip_s(ctx, 1.0))
 
     apply.ctx = ctx
     return apply

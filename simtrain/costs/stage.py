@@ -12,11 +12,12 @@ from ..hardware import HardwareProfile
 from ..models import ModelSpec
 from ..moe import check_expert_parallel, chunk_cost, gpu_layer_params, imbalance_extra_s
 from ..network import Collective
-from ..parallel import ParallelConfig
+from ..parallel import DTYPE_BYTES, ParallelConfig
 from .context import check_context_parallel, cp_declaration
 from .trainable import check_trainable, is_frozen, layer_adapter
 from .layers import FP8_CACHE_BYTES, elementwise_s, gemm_seconds, layer_shape, linear_layers
-from .types import OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts, static_bytes_per_param, static_parts_per_param
+from .types import (OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts, grad_accumulate_bytes_per_param,
+                    static_bytes_per_param, static_parts_per_param)
 
 def split_layers(num_layers: int, num_chunks: int) -> list[int]:
     """Layers per chunk: as even as possible, extra layers to the middle chunks first.
@@ -246,6 +247,11 @@ def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
     )
 
 
+def _reduce_bytes(parallel: ParallelConfig) -> int | None:
+    """Bytes per element of ``parallel.grad_reduce_dtype`` (None when unset)."""
+    return None if parallel.grad_reduce_dtype is None else DTYPE_BYTES[parallel.grad_reduce_dtype]
+
+
 def stage_costs(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -285,8 +291,7 @@ def stage_costs(
     tp_op, tp_per_layer = ("reduce-scatter", 4) if parallel.sequence_parallel else ("all-reduce", 2)
     st = _Setting(
         model, parallel, hardware, num_chunks, s, tokens, elem, hardware.layer_slowdown,
-        # gradient accumulation over microbatches: grad += new (2 reads, 1 write) after the first
-        accumulate=(parallel.microbatches - 1) / parallel.microbatches * 3 * weight_bytes,
+        accumulate=grad_accumulate_bytes_per_param(weight_bytes, _reduce_bytes(parallel), parallel.microbatches),
         attn_f_rate=hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=False),
         attn_b_rate=hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=True),
         hidden_bytes=tokens * model.hidden_size * elem,  # one full s*b*h tensor
@@ -304,7 +309,6 @@ def stage_costs(
         chunks=tuple(chunks),
         static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard),
         grad_bytes_per_param=weight_bytes,
-        reduce_bytes_per_param=4.0 if parallel.grad_reduce_dtype == "fp32" else None,
         static_parts_per_param=static_parts_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard),
         # torch's foreach Adam: an fp32 sqrt(exp_avg_sq) per (sharded) parameter while it steps
         optimizer_temp_bytes_per_param=4.0 / shard if parallel.optimizer_impl == "foreach" else 0.0,
@@ -316,4 +320,5 @@ def stage_costs(
         expert_optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / expert_shard / optimizer_rate,
         tied_embedding_params=model.vocab_size * model.hidden_size / tp
         if model.tied_embeddings and num_chunks > 1 else 0.0,
+        grad_reduce_bytes=_reduce_bytes(parallel),
     )

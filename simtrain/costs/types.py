@@ -47,6 +47,30 @@ def static_bytes_per_param(weight_bytes: float, optimizer_bytes: float, zero_sta
     return sum(static_parts_per_param(weight_bytes, optimizer_bytes, zero_stage, shard))
 
 
+def grad_accumulate_bytes_per_param(weight_bytes: int, reduce_bytes: int | None, microbatches: int) -> float:
+    """HBM bytes per trainable parameter per microbatch that gradient accumulation moves (in W).
+
+    * Gradients accumulated in the weight dtype (``reduce_bytes`` None or equal): ``grad += new``
+      after the first microbatch: read both, write one, ``(m-1)/m x 3 x weight_bytes`` on average.
+    * A wider accumulator (``reduce_bytes`` > ``weight_bytes``, e.g. fp32 for bf16): every
+      microbatch casts the new gradient (read ``weight_bytes``, write ``reduce_bytes``) and adds
+      it (read two, write one of ``reduce_bytes``), as DeepSpeed's ``BF16_Optimizer.update_hp_grads``
+      does (``hp_grad.add_(lp.grad.to(hp_grad.dtype))`` after each microbatch's backward;
+      ``deepspeed/runtime/bf16_optimizer.py``, 2022): ``weight_bytes + 4 x reduce_bytes``.
+
+    Args:
+        weight_bytes: bytes of the 16- or 32-bit gradient a backward writes.
+        reduce_bytes: bytes per element of the accumulator, or None (the weight dtype).
+        microbatches: microbatches per step (>= 1).
+
+    Returns:
+        Bytes per parameter per microbatch.
+    """
+    if reduce_bytes is None or reduce_bytes <= weight_bytes:
+        return (microbatches - 1) / microbatches * 3 * weight_bytes
+    return weight_bytes + 4 * reduce_bytes
+
+
 @dataclass(frozen=True)
 class ChunkCost:
     """Costs of one model chunk (a pipeline stage) for one microbatch on one GPU.
@@ -130,8 +154,6 @@ class StageCosts:
         static_bytes_per_param: parameter + gradient + optimizer bytes per parameter held.
         grad_bytes_per_param: bytes per parameter of the gradient (and of the parameter copy
             ZeRO-3 gathers).
-        reduce_bytes_per_param: bytes per gradient element the DP reduction moves
-            (``ParallelConfig.grad_reduce_dtype``); None: ``grad_bytes_per_param``.
         optimizer_temp_bytes_per_param: bytes per held parameter of one chunk's optimizer that
             the optimizer step allocates for its duration (``ParallelConfig.optimizer_impl``
             ``foreach``: 4, divided by the ZeRO shard; 0 when fused).
@@ -149,6 +171,9 @@ class StageCosts:
             the two all-reduce every step; 0 when untied.
         frozen_static_bytes_per_param: bytes per frozen parameter (the weight alone; sharded
             under ZeRO-3); frozen parameters take no optimizer time.
+        grad_reduce_bytes: bytes per gradient element the DP reduction (all-reduce, or ZeRO-2/3's
+            reduce-scatter and unsharded buckets) and the tied-embedding sync move
+            (``ParallelConfig.grad_reduce_dtype``); None: ``grad_bytes_per_param``.
     """
 
     chunks: tuple[ChunkCost, ...]
@@ -161,9 +186,9 @@ class StageCosts:
     expert_optimizer_s_per_param: float | None = None
     tied_embedding_params: float = 0.0
     frozen_static_bytes_per_param: float = 0.0
-    reduce_bytes_per_param: float | None = None
     static_parts_per_param: tuple[float, float, float] | None = None
     optimizer_temp_bytes_per_param: float = 0.0
+    grad_reduce_bytes: float | None = None
 
     def optimizer_temp_bytes(self, chunks: set[int] | list[int]) -> float:
         """Transient bytes of the optimizer step of a rank holding ``chunks``: the largest chunk's
@@ -172,9 +197,9 @@ class StageCosts:
             * self.optimizer_temp_bytes_per_param
 
     @property
-    def dp_reduce_bytes_per_param(self) -> float:
-        """Bytes per gradient element of the DP all-reduce / reduce-scatter."""
-        return self.grad_bytes_per_param if self.reduce_bytes_per_param is None else self.reduce_bytes_per_param
+    def grad_reduce_bytes_per_param(self) -> float:
+        """Bytes per parameter that the DP gradient reduction and the tied-embedding sync move."""
+        return self.grad_bytes_per_param if self.grad_reduce_bytes is None else self.grad_reduce_bytes
 
     def _per_param(self, chunks, dense_rate: float, expert_rate: float | None, frozen_rate: float = 0.0) -> float:
         """Sum over ``chunks`` of trainable dense parameters x ``dense_rate`` + routed-expert

@@ -12,7 +12,9 @@ compute-only schedule through ``_add_unshard_reshard`` and ``_add_send_recv``):
    needs; W frees the rest; a forward-only F frees it when it ends);
 2. :func:`~simtrain.lowering.comms.add_p2p`: data dependencies along each microbatch's path, a
    p2p send where two stages sit on different ranks; every schedule gets its communication
-   without code of its own;
+   without code of its own (``p2p_mode: blocking``:
+   :func:`~simtrain.lowering.blocking.add_blocking_p2p`, rendezvous transfers in DeepSpeed's
+   pipeline-engine order, and the gradient reductions after each rank's last transfer);
 3. :func:`~simtrain.lowering.comms.add_gradient_reduction`: DP (ZeRO-1: reduce-scatter) gradient
    buckets overlapping the last backward of each stage (ZeRO-2/3: every backward's); then
    :func:`~simtrain.lowering.comms.add_embedding_sync`: the tied word-embedding gradient
@@ -42,6 +44,7 @@ from ..schedules.ir import Schedule
 from .chains import emit_chains
 from .comms import (add_embedding_sync, add_gradient_reduction, add_optimizer, add_p2p, add_runtime_overheads, gradient_holders,
                     weight_grad_finishers)
+from .blocking import add_blocking_p2p, after_last_instruction
 from .items import Lowering
 from .offload import add_offload
 from .queues import add_hardware_queues
@@ -82,7 +85,8 @@ def _lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool
     reducing = gradient_actions(schedule) if zero_stage >= 2 else weight_grad_finishers(schedule)
     grad_buckets = {a for a in reducing if dp * len(holders[a.stage]) > 1} if reduce else set()
     emit_chains(low, grad_buckets)
-    add_p2p(low)
+    blocking = topology.parallel.p2p_mode == "blocking" and low.training
+    done = add_blocking_p2p(low) if blocking else add_p2p(low)
     if reduce:
         add_gradient_reduction(low)
         add_embedding_sync(low)
@@ -91,6 +95,8 @@ def _lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool
     add_offload(low)
     if low.training:
         add_optimizer(low)
+    if blocking:
+        after_last_instruction(low, done)
     add_runtime_overheads(low)
     add_hardware_queues(low)
     return low.graph

@@ -86,15 +86,16 @@ def add_gradient_reduction(low: Lowering) -> None:
     for the reduction of the bucket two before it (:mod:`simtrain.lowering.zero`)."""
     parallel, topology, costs = low.topology.parallel, low.topology, low.costs
     holders = gradient_holders(low.schedule)
-    op = "reduce-scatter" if parallel.zero_stage >= 1 else "all-reduce"
+    op = parallel.dp_reduce_op
     transient = parallel.zero_stage >= 2
     pieces = parallel.dp_buckets
     buckets: dict[int, list[tuple[Task, Task]]] = {}  # stage -> (compute piece, its reduction)
     in_flight: dict[int, list[int]] = {}  # rank -> its ZeRO-2/3 bucket reductions so far, in order
     for a, anchors in low.bucket_after.items():
         c, group = low.chunk[a.stage], holders[a.stage]
-        dense = (c.params - c.expert_params - c.frozen_params) * costs.dp_reduce_bytes_per_param / pieces
-        experts = c.expert_params * costs.dp_reduce_bytes_per_param / pieces
+        per = costs.grad_reduce_bytes_per_param
+        dense = (c.params - c.expert_params - c.frozen_params) * per / pieces
+        experts = c.expert_params * per / pieces
         for i, piece in enumerate(anchors):
             rank = piece.rank
             if transient:  # the bucket's unsharded gradient, from its piece's start to its reduction
@@ -139,7 +140,9 @@ def add_embedding_sync(low: Lowering) -> None:
     embedding group of the first and last pipeline stage, Shoeybi et al. 2019 / Narayanan et al.
     2021 §2). A ring all-reduce of two GPUs sends and receives the whole buffer once, so each
     rank's task lasts one message of ``tied_embedding_params x grad bytes`` on the route between
-    them (:meth:`simtrain.network.Topology.p2p`). Skipped with ``--op-times`` (no per-step costs)."""
+    them (:meth:`simtrain.network.Topology.p2p`), in the gradient-reduction dtype (DeepSpeed's
+    ``_exec_reduce_tied_grads`` reduces ``weight._hp_grad``, the fp32 copy, under bf16). Skipped
+    with ``--op-times`` (no per-step costs)."""
     costs, schedule, topology = low.costs, low.schedule, low.topology
     if costs.tied_embedding_params <= 0 or costs.fixed_op_times:
         return
@@ -147,7 +150,7 @@ def add_embedding_sync(low: Lowering) -> None:
     holders = [next(r for r in range(schedule.num_ranks) if c in low.held[r]) for c in (0, last_chunk)]
     if holders[0] == holders[1]:
         return
-    nbytes = costs.tied_embedding_params * costs.grad_bytes_per_param
+    nbytes = costs.tied_embedding_params * costs.grad_reduce_bytes_per_param
     last_compute = _last_compute(low)
     deps = [last_compute[r] for r in holders if r in last_compute]
     for rank, peer in (holders, holders[::-1]):

@@ -150,7 +150,8 @@ def _hardware_of(ref: HardwareRef) -> HardwareProfile:
     inter = dataclasses.replace(
         hw.inter_node, name=link.name, bandwidth_bytes_per_s=link.bandwidth_gb_per_s * GB,
         latency_s=link.latency_us * US, peer_bandwidth_bytes_per_s=link.bandwidth_gb_per_s * GB,
-        nics_per_node=link.nics_per_node)
+        nics_per_node=link.nics_per_node,
+        achieved_efficiency=hw.inter_node.achieved_efficiency if link.efficiency is None else link.efficiency)
     return dataclasses.replace(hw, inter_node=inter)
 
 

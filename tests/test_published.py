@@ -79,3 +79,25 @@ def test_validate_refuses_options_of_the_other_mode(args, named):
     """The torch run's options with --published (and --cost-model without it) are refused, not ignored."""
     res = CliRunner().invoke(app, ["validate", *args])
     assert res.exit_code == 2 and f"error: {named}" in res.output, res.output
+
+
+def test_the_network_cases_are_the_collective_models_own_numbers(tmp_path):
+    """R4 and R5 are priced by simtrain.deepep / simtrain.collectives alone, in GB/s."""
+    from simtrain.collectives import estimate
+    from simtrain.deepep import estimate_ep
+    from simtrain.hardware import load_profile
+
+    rows = {r.label: r for r in run_suite(cases=["R5-nccl-allreduce-8gpu", "R4-deepep-h800"])}
+    assert len(rows) == 11
+    ring = estimate("all-reduce", 8 * 2**30, load_profile("h100-sxm"), 8, algorithm="ring")
+    assert rows["ring busbw, 8 GiB"].predicted == pytest.approx(ring.busbw_bytes_per_s / 1e9)
+    ep16 = estimate_ep("dispatch", load_profile("h800"), 16, 4096, 7168, 8, "fp8", node_limit=4)
+    assert rows["EP 16 dispatch"].predicted == pytest.approx(ep16.rdma_bytes_per_s / 1e9)
+    for r in rows.values():
+        assert r.error == pytest.approx(r.predicted / r.published - 1)
+    data = yaml.safe_load(suite_path().read_text())
+    del data["network"][1]["figures"][0]["tokens"]
+    bad = tmp_path / "runs.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(SimtrainError, match="R4-deepep-h800 figure 1 .*needs tokens, hidden and topk"):
+        run_suite(path=bad, cases=["R4-deepep-h800"])

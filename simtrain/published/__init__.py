@@ -18,6 +18,13 @@ Metric definitions (the FLOP counts the sources themselves use):
 * ``model_tflops``: simtrain's model FLOPs (no recomputation) per GPU-second.
 * ``tokens_per_s_per_gpu``, ``mfu``, ``step_time_s``: as in ``simtrain compare --json``.
 * ``peak_memory_gib``: the simulated peak HBM of pipeline rank ``rank``, in GiB.
+
+The ``network`` cases judge the collective models alone (no training step): nccl-tests' bus and
+algorithm bandwidth of one collective (:func:`simtrain.collectives.estimate`; nccl-tests'
+PERFORMANCE.md definitions: ``algbw = size / time``, ``busbw = algbw x 2(n-1)/n`` for an
+all-reduce), and DeepEP's bottleneck bandwidth of its normal dispatch and combine kernels
+(:func:`simtrain.deepep.estimate_ep`: NVLink bytes per second within a node, RDMA bytes per
+second across nodes), in GB/s (1e9 bytes/s).
 """
 
 from __future__ import annotations
@@ -88,11 +95,39 @@ class CaseFile(_Strict):
     params_for_tflops: float | None = Field(default=None, gt=0)
 
 
+class NetworkFigureFile(_Strict):
+    """One published collective figure: the collective, its group and size, the metric (GB/s)."""
+
+    metric: Literal["busbw_gb_per_s", "algbw_gb_per_s", "nvlink_gb_per_s", "rdma_gb_per_s"]
+    value: float = Field(gt=0)
+    label: str = ""
+    op: Literal["all-reduce", "all-gather", "reduce-scatter", "dispatch", "combine"]
+    gpus: int = Field(ge=2)
+    size_bytes: float | None = Field(default=None, gt=0)
+    algorithm: Literal["auto", "ring", "tree", "nvls"] = "auto"
+    tokens: int | None = Field(default=None, ge=1)
+    hidden: int | None = Field(default=None, ge=1)
+    topk: int | None = Field(default=None, ge=1)
+    dispatch_dtype: Literal["bf16", "fp8"] = "fp8"
+    node_limit: int | None = Field(default=None, ge=1)
+
+
+class NetworkCaseFile(_Strict):
+    """Published measurements of collectives on one hardware profile."""
+
+    name: str
+    source: str = Field(min_length=1)
+    hardware: str
+    assumptions: list[str] = Field(default_factory=list)
+    figures: list[NetworkFigureFile] = Field(min_length=1)
+
+
 class SuiteFile(_Strict):
     """The schema of ``runs.yaml`` (YAML anchors at the top level are allowed and ignored)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
     cases: list[CaseFile] = Field(min_length=1)
+    network: list[NetworkCaseFile] = Field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +243,7 @@ def run_suite(runtime: Runtime | None = None, path: Path | None = None,
             simulate (the message names the case and the figure).
     """
     suite = load_suite(path)
-    names = [c.name for c in suite.cases]
+    names = [c.name for c in suite.cases] + [c.name for c in suite.network]
     for name in cases or []:
         if name not in names:
             raise SimtrainError(f"--case {name!r}: not a case of the published suite; choose from {names}")
@@ -228,7 +263,41 @@ def run_suite(runtime: Runtime | None = None, path: Path | None = None,
                 raise SimtrainError(f"{where}: {exc}") from None
             predicted = _predict(fig.metric, run, model, parallel, hw, case, fig)
             rows.append(Row(case.name, fig.label, fig.metric, fig.value, predicted, predicted / fig.value - 1))
+    for case in suite.network:
+        if cases and case.name not in cases:
+            continue
+        hw = load_profile(case.hardware)
+        for i, fig in enumerate(case.figures):
+            where = f"published case {case.name} figure {i + 1} ({fig.label or fig.metric})"
+            predicted = _predict_network(fig, hw, where) / GB
+            rows.append(Row(case.name, fig.label, fig.metric, fig.value, predicted, predicted / fig.value - 1))
     return rows
+
+
+def _predict_network(fig: NetworkFigureFile, hw: HardwareProfile, where: str) -> float:
+    """The bandwidth of ``fig`` in bytes/s (module docstring).
+
+    Raises:
+        SimtrainError: a figure without the sizes its collective needs, or the model's own error.
+    """
+    from ..collectives import estimate
+    from ..deepep import estimate_ep
+
+    try:
+        if fig.op in ("dispatch", "combine"):
+            if None in (fig.tokens, fig.hidden, fig.topk):
+                raise SimtrainError("a dispatch/combine figure needs tokens, hidden and topk")
+            if fig.metric not in ("nvlink_gb_per_s", "rdma_gb_per_s"):
+                raise SimtrainError(f"metric {fig.metric}: DeepEP figures are nvlink_gb_per_s or rdma_gb_per_s")
+            e = estimate_ep(fig.op, hw, fig.gpus, fig.tokens, fig.hidden, fig.topk, fig.dispatch_dtype,
+                            node_limit=fig.node_limit)
+            return e.nvlink_bytes_per_s if fig.metric == "nvlink_gb_per_s" else e.rdma_bytes_per_s
+        if fig.size_bytes is None or fig.metric not in ("busbw_gb_per_s", "algbw_gb_per_s"):
+            raise SimtrainError("a collective figure needs size_bytes and a busbw_gb_per_s or algbw_gb_per_s metric")
+        e = estimate(fig.op, fig.size_bytes, hw, fig.gpus, algorithm=fig.algorithm)
+        return e.busbw_bytes_per_s if fig.metric == "busbw_gb_per_s" else e.algbw_bytes_per_s
+    except SimtrainError as exc:
+        raise SimtrainError(f"{where}: {exc}") from None
 
 
 def summarise(rows: list[Row]) -> dict[str, float]:

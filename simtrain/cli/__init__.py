@@ -15,6 +15,7 @@ that order). ``simtrain.cli.app`` is the typer app with every command registered
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 
@@ -50,5 +51,12 @@ def main() -> None:
     """Console-script entry point (``simtrain``): register the command named by the first argument
     (every command when it is an option, ``--help``, or not a command) and run the app."""
     module = COMMAND_MODULE.get(sys.argv[1]) if len(sys.argv) > 1 else None
-    _register((module,) if module else MODULES)
+    collecting = gc.isenabled()
+    gc.disable()  # importing allocates ~10^5 long-lived objects (modules, classes, schemas) and little garbage
+    try:
+        _register((module,) if module else MODULES)
+    finally:
+        gc.freeze()  # ... which later collections, the one at exit included, need not scan again
+        if collecting:
+            gc.enable()
     _base.main()

@@ -38,7 +38,6 @@ task waits for.
 from __future__ import annotations
 
 import gc
-import math
 from collections import deque
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -185,16 +184,14 @@ class _Clock:
 
 
 class _Timer:
-    """A bare SimPy event (what :meth:`simpy.Environment.step` reads: ``callbacks``, ``_ok``) that,
-    when processed at ``due`` seconds, sets the clock's time and calls ``fn(arg)``; its value is
-    ``(clock, due, fn, arg)``."""
+    """A bare SimPy event (what :meth:`simpy.Environment.step` reads: ``callbacks``, ``_ok``); by
+    default, processed at ``due`` seconds, it sets the clock's time and calls ``fn(arg)``."""
 
     __slots__ = ("callbacks", "_value")
     _ok = True
 
     def __init__(self, value: tuple, callbacks: list | None = None):
-        # SimPy reads the list and sets the attribute to None; it never changes the list, so one is shared
-        self.callbacks = _FIRE if callbacks is None else callbacks
+        self.callbacks = _FIRE if callbacks is None else callbacks  # SimPy never changes it: shared
         self._value = value
 
 
@@ -449,9 +446,8 @@ def _simulate(graph: TaskGraph) -> Trace:
         run.begin(tid)
     run.clock.run()
     if len(run.order) < len(tasks):
-        finished = [False] * len(tasks)
-        for tid in run.order:
-            finished[tid] = True
+        ended = set(run.order)
+        finished = [tid in ended for tid in range(len(tasks))]
         raise DeadlockError(_describe_deadlock(tasks, finished, streams))
     return Trace.from_columns(_columns(tasks, run), run.mem_rows, simpy_events=run.clock.events)
 
@@ -461,14 +457,12 @@ def _columns(tasks: list[Task], run: _Run) -> dict[str, Sequence]:
     order the tasks ended (one list comprehension per column: ~3x faster than one tuple per row)."""
     ended = [tasks[i] for i in run.order]
     start_s, end_s = run.start_s, run.end_s
-    return {
-        "rank": [t.rank for t in ended], "stream": [t.stream or "" for t in ended],
-        "category": [t.category for t in ended], "kind": [t.kind for t in ended], "name": [t.name for t in ended],
-        "stage": [t.stage for t in ended], "microbatch": [t.microbatch for t in ended],
-        "start_s": [start_s[i] for i in run.order], "end_s": [end_s[i] for i in run.order],
-        "bytes": [t.nbytes for t in ended], "peer": [t.peer for t in ended],
-        "resources": [",".join(t.resources) if t.resources else "" for t in ended],
-    }
+    return {"rank": [t.rank for t in ended], "stream": [t.stream or "" for t in ended],
+            "category": [t.category for t in ended], "kind": [t.kind for t in ended], "name": [t.name for t in ended],
+            "stage": [t.stage for t in ended], "microbatch": [t.microbatch for t in ended],
+            "start_s": [start_s[i] for i in run.order], "end_s": [end_s[i] for i in run.order],
+            "bytes": [t.nbytes for t in ended], "peer": [t.peer for t in ended],
+            "resources": [",".join(t.resources) if t.resources else "" for t in ended]}
 
 
 def _describe_deadlock(tasks: list[Task], finished: list[bool], streams: dict) -> str:

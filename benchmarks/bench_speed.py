@@ -9,8 +9,13 @@ the CPU time as a ratio to a fixed pure-Python reference workload timed in the s
 machines are shared and noisy: compare ratios, not seconds). It then fits the cost exponent: the
 slope of log CPU seconds (costs, lowering, engine, metrics; no start-up) against log m and log p
 for dense 1F1B (Llama 3 70B, TP8 DP4) at m = 32, 64, 128 (p = 16) and p = 4, 8, 16 (m = 128). Every in-process case runs in its
-own child process (clean RSS); the two ``e2e`` cases time a whole ``simtrain compare ... --json``
-from process start to JSON. With torch installed it also times torch's own unit-time
+own child process (clean RSS); the ``e2e`` cases time a whole ``simtrain compare ... --json``
+from process start to JSON, with Python's bytecode cache as an installed package has it (pip
+compiles it at install time): each runs once untimed first, with ``PYTHONDONTWRITEBYTECODE``
+unset and ``PYTHONPYCACHEPREFIX`` pointing to a temporary folder, so nothing is written to the
+checkout. ``e2e-llama70b-1f1b-source`` is the same run with ``PYTHONDONTWRITEBYTECODE=1`` and
+the usual cache folders: the libraries' bytecode as pip wrote it, simtrain compiled from source on
+every run unless the checkout has ``__pycache__`` folders. With torch installed it also times torch's own unit-time
 ``_simulate_comms_compute`` on the same 1F1B orders, as a peer ratio. Each figure is the
 minimum over ``--repeat`` runs. ``--coarsen K,...`` also runs every DeepSeek-V3 case (and the
 DeepSeek-V3 ``e2e`` case) with ``parallel.moe_coarsen = K`` (an approximation, never the default)
@@ -22,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,9 +56,11 @@ FIT = {
 }
 for axis, series in FIT.items():
     CASES.update({f"fit-70b-1f1b-{axis}{v}": case for v, case in series.items()})
+LLAMA70B_E2E = ["compare", "--model", "llama3-70b", "--hardware", "h100-sxm", "--tp", "8", "--pp", "8", "--dp", "4",
+                "--microbatches", "32", "--schedules", "1f1b", "--json"]
 E2E = {
-    "e2e-llama70b-1f1b": ["compare", "--model", "llama3-70b", "--hardware", "h100-sxm", "--tp", "8", "--pp", "8",
-                          "--dp", "4", "--microbatches", "32", "--schedules", "1f1b", "--json"],
+    "e2e-llama70b-1f1b": LLAMA70B_E2E,
+    "e2e-llama70b-1f1b-source": LLAMA70B_E2E,
     "e2e-dsv3-dualpipe-waved-m64": ["compare", str(DEEPSEEK), "--schedules", "dualpipe+waved-ep",
                                     "--microbatches", "64", "--json"],
 }
@@ -124,14 +133,35 @@ def run_one(case: str, coarsen: int = 1) -> dict:
     }
 
 
+_PYC = tempfile.TemporaryDirectory(prefix="bench-speed-pyc-")
+"""The ``e2e`` runs' bytecode cache (removed at exit)."""
+_WARMED: set[tuple[str, int]] = set()
+
+
+def _e2e_env(case: str) -> dict[str, str]:
+    """The environment of an ``e2e`` run: bytecode cached in :data:`_PYC` (see the module's
+    docstring), or, for a ``-source`` case, the usual folders with ``PYTHONDONTWRITEBYTECODE=1``."""
+    env = dict(os.environ)
+    if case.endswith("-source"):
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("PYTHONPYCACHEPREFIX", None)  # site-packages keep pip's bytecode; the checkout has none
+        return env
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = _PYC.name
+    return env
+
+
 def run_e2e(case: str, coarsen: int = 1) -> dict:
     """Time a whole ``simtrain compare`` process (start-up included; ``--moe-coarsen coarsen``
-    when above 1)."""
+    when above 1), after one untimed run that fills the bytecode cache (not for ``-source``)."""
+    extra = ["--moe-coarsen", str(coarsen)] if coarsen > 1 else []
+    argv, env = [sys.executable, "-c", _E2E_MAIN, *E2E[case], *extra], _e2e_env(case)
+    if (case, coarsen) not in _WARMED and not case.endswith("-source"):
+        subprocess.run(argv, capture_output=True, cwd=ROOT, env=env, check=True)
+        _WARMED.add((case, coarsen))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     w0 = time.perf_counter()
-    extra = ["--moe-coarsen", str(coarsen)] if coarsen > 1 else []
-    proc = subprocess.run([sys.executable, "-c", _E2E_MAIN, *E2E[case], *extra], capture_output=True, text=True,
-                          cwd=ROOT)
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env)
     wall = time.perf_counter() - w0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     rows = json.loads(proc.stdout)  # it printed its rows

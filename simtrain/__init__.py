@@ -29,13 +29,6 @@ See :mod:`simtrain.api` for the arguments, units and errors.
 
 from __future__ import annotations
 
-from importlib import metadata as _metadata
-
-try:
-    __version__: str = _metadata.version("simtrain")
-except _metadata.PackageNotFoundError:  # running from a checkout that was never installed
-    __version__ = "0+unknown"
-
 __all__ = ["__version__", "simulate", "compare", "load_model", "load_hardware", "Report", "Comparison",
            "SimtrainError"]
 
@@ -46,9 +39,23 @@ _LAZY = {
 }
 
 
+def _version() -> str:
+    """The installed distribution's version (``0+unknown`` in a checkout never installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("simtrain")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
 def __getattr__(name: str):
     """Import the public API on first use (PEP 562), keeping SimPy, pandas and plotly out of a
-    bare ``import simtrain``."""
+    bare ``import simtrain``; ``__version__`` is read from the package metadata on first use too
+    (``importlib.metadata`` costs ~20 ms of start-up)."""
+    if name == "__version__":
+        globals()["__version__"] = version = _version()
+        return version
     if name in _LAZY:
         import importlib
 

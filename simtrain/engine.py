@@ -38,8 +38,6 @@ task waits for.
 from __future__ import annotations
 
 import gc
-import math
-from operator import attrgetter
 from collections import deque
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -151,12 +149,10 @@ class _Clock:
     def __init__(self) -> None:
         self.env = simpy.Environment()
         self.fifo: deque = deque()
+        self.soon = self.fifo.append  # soon((fn, arg)): call fn(arg) now, after every step already due now
+        self.schedule = self.env.schedule
         self.now = 0.0  # the environment's time, kept here so that hot paths read an attribute
         self.events = 0  # SimPy events scheduled
-
-    def soon(self, fn, arg) -> None:
-        """Call ``fn(arg)`` now, after every step already due now."""
-        self.fifo.append((fn, arg))
 
     def after(self, delay_s: float, fn, arg) -> None:
         """Call ``fn(arg)`` ``delay_s`` seconds from now (a delay too small to move the clock is
@@ -166,39 +162,46 @@ class _Clock:
             self.fifo.append((fn, arg))
         else:
             self.events += 1
-            self.env.schedule(_Timer(self, due, fn, arg), NORMAL, delay_s)
+            self.schedule(_Timer((self, due, fn, arg)), NORMAL, delay_s)
 
     def run(self) -> None:
-        """Run until nothing is left to do."""
+        """Run until nothing is left to do: the FIFO is drained when the next SimPy event lies in
+        the future; with the FIFO empty the next SimPy event is processed straight away."""
         fifo, peek, step = self.fifo, self.env.peek, self.env.step
+        popleft = fifo.popleft
         while True:
-            due = peek()
-            if fifo and due > self.now:
+            if not fifo:
+                try:
+                    step()
+                except simpy.core.EmptySchedule:
+                    return
+            elif peek() > self.now:
                 while fifo:
-                    fn, arg = fifo.popleft()
+                    fn, arg = popleft()
                     fn(arg)
-            elif due == math.inf:
-                return
             else:
                 step()
 
 
 class _Timer:
-    """A bare SimPy event (what :meth:`simpy.Environment.step` reads) that, when processed at
-    ``due`` seconds, sets the clock's time and calls ``fn(arg)``."""
+    """A bare SimPy event (what :meth:`simpy.Environment.step` reads: ``callbacks``, ``_ok``); by
+    default, processed at ``due`` seconds, it sets the clock's time and calls ``fn(arg)``."""
 
-    __slots__ = ("callbacks", "_ok", "_value")
+    __slots__ = ("callbacks", "_value")
+    _ok = True
 
-    def __init__(self, clock: _Clock, due: float, fn, arg):
-        self.callbacks = [_fire]
-        self._ok = True
-        self._value = (clock, due, fn, arg)
+    def __init__(self, value: tuple, callbacks: list | None = None):
+        self.callbacks = _FIRE if callbacks is None else callbacks  # SimPy never changes it: shared
+        self._value = value
 
 
 def _fire(event: _Timer) -> None:
     clock, due, fn, arg = event._value
     clock.now = due
     fn(arg)
+
+
+_FIRE = [_fire]
 
 
 class _Ports:
@@ -221,7 +224,7 @@ class _Ports:
         """Grant ``names`` to task ``tid`` (a step due now), or queue it until all are free."""
         if self.busy.isdisjoint(names):
             self.busy.update(names)
-            self.clock.soon(self.on_grant, tid)
+            self.clock.soon((self.on_grant, tid))
             return
         self.seq += 1
         entry = (self.seq, names, tid)
@@ -230,21 +233,26 @@ class _Ports:
 
     def release(self, names: tuple[str, ...]) -> None:
         """Free ``names`` and grant every waiting request that can now take all it needs."""
-        busy, granted = self.busy, self.granted
+        busy, granted, queues = self.busy, self.granted, self.queues
         busy.difference_update(names)
+        if not queues:
+            return
         candidates = {}
         for name in names:
-            queue = self.queues.get(name)
+            queue = queues.get(name)
             if queue:
                 live = [e for e in queue if e[0] not in granted]
-                self.queues[name] = live
-                candidates.update((e[0], e) for e in live)
+                if live:
+                    queues[name] = live
+                    candidates.update((e[0], e) for e in live)
+                else:
+                    del queues[name]
         for seq in sorted(candidates):
             _, wanted, tid = candidates[seq]
             if busy.isdisjoint(wanted):
                 busy.update(wanted)
                 granted.add(seq)
-                self.clock.soon(self.on_grant, tid)
+                self.clock.soon((self.on_grant, tid))
 
 
 class _SharedProcessors:
@@ -289,7 +297,7 @@ class _SharedProcessors:
         tolerance = 1e-12 * max(1.0, self.clock.now)
         for tid in [t for t, left in self.running.items() if left <= tolerance]:
             del self.running[tid]
-            self.clock.soon(self.on_done, tid)
+            self.clock.soon((self.on_done, tid))
         self._plan()
 
 
@@ -307,9 +315,9 @@ class _Run:
     def __init__(self, graph: TaskGraph):
         self.clock = _Clock()
         self.env = self.clock.env
+        self.soon = self.clock.soon
         self.tasks = graph.tasks
         n = len(self.tasks)
-        self.finished = [False] * n
         self.processed = [False] * n  # the task's end has been processed (its waiters released)
         self.waiters: list[list[int]] = [[] for _ in range(n)]  # tasks waiting for its end
         self.pending = [0] * n  # dependencies whose end is not processed yet
@@ -321,12 +329,14 @@ class _Run:
         self.order: list[int] = []  # tids in the order they ended
         self.start_s = [0.0] * n
         self.end_s = [0.0] * n
+        self.take, self.finish, self.ended = self._take, self._finish, self._ended  # bound once, not per call
+        self.ran = [self._ran]  # the callbacks of a task's run event
 
     def _apply(self, deltas: list[tuple[int, float]]) -> None:
-        memory, now = self.memory, self.clock.now
+        memory, now, rows = self.memory, self.clock.now, self.mem_rows
         for rank, delta in deltas:
             memory[rank] += delta
-            self.mem_rows.append((rank, now, memory[rank]))
+            rows.append((rank, now, memory[rank]))
 
     def begin(self, tid: int) -> None:
         """Start waiting for ``tid``'s dependencies."""
@@ -339,18 +349,21 @@ class _Run:
             if not processed[d]:
                 pending += 1
                 waiters[d].append(tid)
-        self.pending[tid] = pending
-        if pending == 0:
-            self.clock.soon(self._take, tid)
+        if pending:
+            self.pending[tid] = pending
+        else:
+            self.soon((self.take, tid))
 
     def _ended(self, tid: int) -> None:
         """The end of ``tid`` is processed: release the tasks whose last dependency it was."""
         self.processed[tid] = True
-        pending, soon, take = self.pending, self.clock.soon, self._take
-        for w in self.waiters[tid]:
-            pending[w] -= 1
-            if pending[w] == 0:
-                soon(take, w)
+        waiting = self.waiters[tid]
+        if waiting:
+            pending, soon, take = self.pending, self.soon, self.take
+            for w in waiting:
+                pending[w] -= 1
+                if not pending[w]:
+                    soon((take, w))
 
     def _take(self, tid: int) -> None:
         """Take the task's resources, then run it."""
@@ -362,15 +375,27 @@ class _Run:
 
     def _start(self, tid: int) -> None:
         task = self.tasks[tid]
-        self.start_s[tid] = self.clock.now
+        clock = self.clock
+        now = clock.now
+        self.start_s[tid] = now
         if task.mem_start:
             self._apply(task.mem_start)
-        if task.duration_s > 0 and task.pool is not None:
-            self.pools[task.pool].work(tid, task.duration_s)
-        elif task.duration_s > 0:
-            self.clock.after(task.duration_s, self._finish, tid)
+        duration = task.duration_s
+        if duration > 0:
+            if task.pool is not None:
+                self.pools[task.pool].work(tid, duration)
+            elif now + duration == now:  # too small to move the clock: a step due now (:meth:`_Clock.after`)
+                self.soon((self.finish, tid))
+            else:
+                clock.events += 1
+                clock.schedule(_Timer((now + duration, tid), self.ran), NORMAL, duration)
         else:
             self._finish(tid)
+
+    def _ran(self, event: _Timer) -> None:
+        """A task's run event (value ``(due, tid)``) is processed: the clock is at ``due``, the task ends."""
+        self.clock.now, tid = event._value
+        self._finish(tid)
 
     def _finish(self, tid: int) -> None:
         task = self.tasks[tid]
@@ -380,8 +405,7 @@ class _Run:
             self.ports.release(task.resources)
         self.end_s[tid] = self.clock.now
         self.order.append(tid)
-        self.finished[tid] = True
-        self.clock.soon(self._ended, tid)
+        self.soon((self.ended, tid))
         nxt = self.next_in_stream[tid]
         if nxt is not None:
             self.begin(nxt)
@@ -421,25 +445,24 @@ def _simulate(graph: TaskGraph) -> Trace:
     for tid in starts:
         run.begin(tid)
     run.clock.run()
-    if not all(run.finished):
-        raise DeadlockError(_describe_deadlock(tasks, run.finished, streams))
+    if len(run.order) < len(tasks):
+        ended = set(run.order)
+        finished = [tid in ended for tid in range(len(tasks))]
+        raise DeadlockError(_describe_deadlock(tasks, finished, streams))
     return Trace.from_columns(_columns(tasks, run), run.mem_rows, simpy_events=run.clock.events)
 
 
 def _columns(tasks: list[Task], run: _Run) -> dict[str, Sequence]:
     """The trace columns (:data:`simtrain.trace.TRACE_COLUMNS`) of a finished run, rows in the
-    order the tasks ended."""
-    order = run.order
-    if not order:
-        return {name: () for name in TRACE_COLUMNS}
-    fields = ("rank", "stream", "category", "kind", "name", "stage", "microbatch", "nbytes", "peer", "resources")
-    cols = dict(zip(fields, zip(*map(attrgetter(*fields), [tasks[i] for i in order]))))
-    cols["stream"] = [s or "" for s in cols["stream"]]
-    cols["resources"] = [",".join(r) for r in cols["resources"]]
-    cols["bytes"] = cols.pop("nbytes")
+    order the tasks ended (one list comprehension per column: ~3x faster than one tuple per row)."""
+    ended = [tasks[i] for i in run.order]
     start_s, end_s = run.start_s, run.end_s
-    cols["start_s"], cols["end_s"] = [start_s[i] for i in order], [end_s[i] for i in order]
-    return cols
+    return {"rank": [t.rank for t in ended], "stream": [t.stream or "" for t in ended],
+            "category": [t.category for t in ended], "kind": [t.kind for t in ended], "name": [t.name for t in ended],
+            "stage": [t.stage for t in ended], "microbatch": [t.microbatch for t in ended],
+            "start_s": [start_s[i] for i in run.order], "end_s": [end_s[i] for i in run.order],
+            "bytes": [t.nbytes for t in ended], "peer": [t.peer for t in ended],
+            "resources": [",".join(t.resources) if t.resources else "" for t in ended]}
 
 
 def _describe_deadlock(tasks: list[Task], finished: list[bool], streams: dict) -> str:

@@ -3,8 +3,8 @@
 Every input file simtrain reads (model, hardware profile, scenario, schedule CSV, torch profiler
 trace) goes through :func:`read_text`, which refuses before reading anything that is not a
 regular file (``/dev/zero``, a FIFO that would block forever, a socket, a folder) or that is larger
-than the limit for its kind. YAML goes through :func:`parse_yaml`, PyYAML's safe loader with two
-more checks:
+than the limit for its kind. YAML goes through :func:`parse_yaml`, PyYAML's safe loader (on
+libyaml's parser when present) with two more checks:
 
 * a key given twice in one mapping is an error (YAML 1.2 §3.2.1.1 requires unique keys; PyYAML
   silently keeps the last one, so ``num_layers`` twice gave a 2-layer model);
@@ -99,8 +99,9 @@ def read_text(path: Path, what: str, max_bytes: int, encoding: str = "utf-8") ->
         raise SimtrainError(f"{path}: not a text (UTF-8) {what.removeprefix('a ')}") from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a mapping that repeats a key (``source`` names the file)."""
+class _UniqueKeys:
+    """Constructor mixin for PyYAML's safe loaders: refuse a mapping that repeats a key
+    (``source`` names the file)."""
 
     source = "YAML"
 
@@ -115,6 +116,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                         f"{key_node.start_mark.line + 1}); give each field once")
                 seen[key] = key_node
         return super().construct_mapping(node, deep=deep)
+
+
+class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
+    """PyYAML's pure-Python safe loader with unique keys: its messages name line and column."""
+
+
+_FAST_LOADER = type("_FastUniqueKeyLoader", (_UniqueKeys, yaml.CSafeLoader), {}) if yaml.__with_libyaml__ else None
+"""The same loader on libyaml's parser (about 7x faster: ``op_data.yaml`` parses in ~20 ms instead
+of ~140 ms). Resolver and constructor are PyYAML's Python classes in both, so a document that both
+parse gives the same values."""
 
 
 def _expanded_nodes(root: yaml.Node, limit: int) -> int:
@@ -137,8 +148,49 @@ def _expanded_nodes(root: yaml.Node, limit: int) -> int:
     return sizes[id(root)]
 
 
+def _tree_nodes(root: yaml.Node, limit: int) -> int:
+    """Nodes of a document without aliases (every node has one parent), as :func:`_expanded_nodes`
+    counts them but without its memo (~4x faster); stops counting once above ``limit``."""
+    count, stack = 0, [root]
+    while stack and count <= limit:
+        node = stack.pop()
+        count += 1
+        if isinstance(node, yaml.MappingNode):
+            for pair in node.value:
+                stack.extend(pair)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return count
+
+
+def _load(loader_class: type, text: str, source: str, max_nodes: int) -> Any:
+    """Compose ``text`` with ``loader_class``, bound its alias expansion, then construct it.
+
+    Raises:
+        yaml.YAMLError, RecursionError: as the loader raises them.
+        SimtrainError: a repeated key, or an expansion above ``max_nodes``.
+    """
+    loader = loader_class(text)
+    loader.source = source
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        count = _tree_nodes if "*" not in text else _expanded_nodes  # no '*': no alias, a tree
+        if count(node, max_nodes) > max_nodes:
+            raise SimtrainError(f"{source}: the YAML expands (through its aliases) to more than "
+                                f"{max_nodes:,} values; at most {max_nodes:,} are allowed")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def parse_yaml(text: str, source: str, max_nodes: int = MAX_YAML_NODES) -> Any:
     """Parse one YAML document safely (safe types only, unique keys, bounded alias expansion).
+
+    libyaml's parser reads the document when PyYAML has it; a document it refuses (or nests
+    beyond its 1,000 levels) is read again by PyYAML's own parser, whose message is the one shown,
+    so messages do not depend on whether libyaml is installed.
 
     Args:
         text: the document.
@@ -151,16 +203,13 @@ def parse_yaml(text: str, source: str, max_nodes: int = MAX_YAML_NODES) -> Any:
     Raises:
         SimtrainError: malformed YAML, a repeated key, or an expansion above ``max_nodes``.
     """
-    loader = _UniqueKeyLoader(text)
-    loader.source = source
+    if _FAST_LOADER is not None:
+        try:
+            return _load(_FAST_LOADER, text, source, max_nodes)
+        except (yaml.YAMLError, RecursionError):
+            pass  # PyYAML's parser below gives the message
     try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        if _expanded_nodes(node, max_nodes) > max_nodes:
-            raise SimtrainError(f"{source}: the YAML expands (through its aliases) to more than "
-                                f"{max_nodes:,} values; at most {max_nodes:,} are allowed")
-        return loader.construct_document(node)
+        return _load(_UniqueKeyLoader, text, source, max_nodes)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -168,8 +217,6 @@ def parse_yaml(text: str, source: str, max_nodes: int = MAX_YAML_NODES) -> Any:
         raise SimtrainError(f"{source}: malformed YAML{where}: {problem}") from None
     except RecursionError:
         raise SimtrainError(f"{source}: the YAML is nested too deeply") from None
-    finally:
-        loader.dispose()
 
 
 def load_yaml(path: Path) -> Any:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DELAY_S = 2.0
 """Seconds of work after which the bar appears."""
@@ -18,6 +19,9 @@ DELAY_S = 2.0
 @contextmanager
 def progress(console: Console, total: int, description: str, delay_s: float = DELAY_S) -> Iterator[Callable[[str], None]]:
     """Show a transient progress bar of ``total`` steps on ``console`` if the work lasts ``delay_s``.
+
+    Neither the console nor rich's progress bar is touched before ``delay_s`` has passed, so quick
+    work does not import rich (:class:`simtrain.cli.app.LazyConsole` makes the console on first use).
 
     Args:
         console: where to draw (nothing is drawn unless it is a terminal).
@@ -28,26 +32,37 @@ def progress(console: Console, total: int, description: str, delay_s: float = DE
     Yields:
         ``advance(label)``: call after each step; ``label`` names the step just done.
     """
-    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=console, transient=True)
-    task = bar.add_task(description, total=total)
-    lock, state = threading.Lock(), {"done": False, "shown": False}
+    lock = threading.Lock()
+    state: dict = {"done": False, "bar": None, "task": None, "steps": 0, "description": description}
 
     def show() -> None:
         with lock:
-            if not state["done"]:
-                bar.start()
-                state["shown"] = True
+            if state["done"] or not console.is_terminal:
+                return
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                       TimeElapsedColumn)
+
+            bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TimeElapsedColumn(), console=console, transient=True)
+            state["task"] = bar.add_task(state["description"], total=total, completed=state["steps"])
+            state["bar"] = bar
+            bar.start()
+
+    def advance(label: str) -> None:
+        with lock:
+            state["steps"] += 1
+            state["description"] = f"{description}: {label} done"
+            if state["bar"] is not None:
+                state["bar"].update(state["task"], advance=1, description=state["description"])
 
     timer = threading.Timer(delay_s, show)
     timer.daemon = True
-    if console.is_terminal:
-        timer.start()
+    timer.start()
     try:
-        yield lambda label: bar.update(task, advance=1, description=f"{description}: {label} done")
+        yield advance
     finally:
         with lock:
             state["done"] = True
             timer.cancel()
-            if state["shown"]:
-                bar.stop()
+            if state["bar"] is not None:
+                state["bar"].stop()

@@ -150,10 +150,8 @@ class Trace:
 
 
 def _objects(values: Sequence) -> np.ndarray:
-    """A 1-D object array holding ``values`` themselves (no conversion)."""
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
-    return out
+    """A 1-D object array holding ``values`` themselves (no conversion; tuples stay elements)."""
+    return np.fromiter(values, dtype=object, count=len(values))
 
 
 def lane_of(category: str, stream: str | None, kind: str) -> str:

@@ -192,8 +192,20 @@ def test_compare_json_imports_neither_plotly_nor_pandas():
     """Start-up: ``compare --json`` needs no dashboard and no tables, so it loads neither library."""
     code = ("import sys\nfrom simtrain.cli import main\nsys.argv = ['simtrain', 'compare', *sys.argv[1:]]\n"
             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'plotly', 'pandas', 'torch'}))")
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'plotly', 'pandas', 'torch', 'rich'}),"
+            " sorted(m for m in sys.modules if m.startswith(('simtrain.plan', 'simtrain.calibration',"
+            " 'simtrain.cli.commands'))))")
     proc = subprocess.run([sys.executable, "-c", code, *SMALL, "--json"], capture_output=True, text=True, check=True)
     rows, loaded = proc.stdout.rsplit("\n", 2)[:2]
     assert json.loads(rows)[0]["step_time_s"] > 0
-    assert loaded == "[]"
+    assert loaded == "[] []"  # nor rich, nor the other commands' modules
+
+
+def test_main_knows_which_module_registers_each_command():
+    """``main`` imports only the named command's module; the map covers the full app exactly."""
+    import typer.main
+
+    import simtrain.cli as cli
+
+    assert set(typer.main.get_command(cli.app).commands) == set(cli.COMMAND_MODULE)
+    assert set(cli.COMMAND_MODULE.values()) == set(cli.MODULES)

@@ -63,6 +63,41 @@ def test_alias_bomb_is_refused_before_it_expands(tmp_path):
     assert parse_yaml("a: &x [1, 2]\nb: *x\n", "ok") == {"a": [1, 2], "b": [1, 2]}
 
 
+def test_node_limit_holds_without_aliases_too():
+    flat = "[" + "1, " * 20 + "1]"  # 22 nodes, no alias: counted by the tree walk
+    with pytest.raises(SimtrainError, match="more than 10 values"):
+        parse_yaml(flat, "m.yaml", max_nodes=10)
+    assert parse_yaml(flat, "m.yaml", max_nodes=22) == [1] * 21
+    with pytest.raises(SimtrainError, match="more than 21 values"):
+        parse_yaml(flat, "m.yaml", max_nodes=21)
+
+
+def test_libyaml_and_pyyaml_parsers_read_every_shipped_file_alike():
+    from simtrain import loading
+
+    if loading._FAST_LOADER is None:
+        pytest.skip("PyYAML built without libyaml: only the pure-Python parser runs")
+    root = Path(loading.__file__).resolve().parent.parent
+    files = sorted({*root.glob("simtrain/**/*.yaml"), *root.glob("dashboards/*.yaml"), *root.glob("tests/**/*.yaml")})
+    assert len(files) > 10
+    for f in files:
+        text = f.read_text()
+        slow = loading._load(loading._UniqueKeyLoader, text, f.name, loading.MAX_YAML_NODES)
+        fast = loading._load(loading._FAST_LOADER, text, f.name, loading.MAX_YAML_NODES)
+        assert repr(fast) == repr(slow), f  # repr: floats, ints and key order too
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("a: [1, 2\n", "m.yaml: malformed YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'"),
+    ("a: 1\n\tb: 2\n", "m.yaml: malformed YAML at line 2, column 1: found character '\\t' that cannot start any token"),
+    ("[" * 1500 + "]" * 1500, "m.yaml: the YAML is nested too deeply"),  # beyond libyaml's 1,000 levels
+])
+def test_messages_are_pyyaml_s_whichever_parser_runs(text, needle):
+    with pytest.raises(SimtrainError) as info:
+        parse_yaml(text, "m.yaml")
+    assert str(info.value) == needle
+
+
 @pytest.mark.parametrize("kind", ["device", "fifo", "folder", "big"])
 def test_files_that_are_not_files_are_refused_before_reading(tmp_path, kind):
     if kind == "device":

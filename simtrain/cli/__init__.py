@@ -7,12 +7,56 @@ Every user error ends as one line ``error: ...`` on stderr and exit status 2, ne
 Units are converted here, at the edge: tables print ms, GiB, TFLOP/s and GB/s.
 
 The package: :mod:`.app` (the typer app and the error convention), :mod:`.settings` (scenario +
-flags), :mod:`.compare` and :mod:`.commands` (the commands, registered on import, in this order).
+flags), :mod:`.compare`, :mod:`.commands` and :mod:`.plan` (the commands, registered on import, in
+that order). ``simtrain.cli.app`` is the typer app with every command registered; :func:`main`
+(the console script) imports only the module of the command it is asked for, so that
+``simtrain compare`` does not pay for importing and building ``plan`` or ``calibrate``.
 """
 
-from . import compare  # noqa: F401  (registers ``compare`` first, as ``--help`` lists it)
-from . import commands  # noqa: F401,I001  (registers the other commands)
-from . import plan  # noqa: F401,I001  (registers ``plan``)
-from .app import app, main, user_errors
+from __future__ import annotations
+
+import gc
+import importlib
+import sys
+
+from . import app as _base
+from .app import user_errors
+
+del app  # noqa: F821  (the submodule's name; ``app`` is the complete typer app, see __getattr__)
+
+MODULES = ("compare", "commands", "plan")
+"""The command modules, in registration order (``--help`` lists the commands in this order)."""
+COMMAND_MODULE = {"compare": "compare", "plan": "plan", **dict.fromkeys(
+    ("export-schedule", "overlay", "profiles", "models", "schema", "calibrate", "validate", "collective"), "commands")}
+"""Which module registers each command (``tests/test_cli.py`` checks it against the full app)."""
 
 __all__ = ["app", "main", "user_errors"]
+
+
+def _register(modules: tuple[str, ...] = MODULES):
+    """Import the command ``modules`` (registering their commands) and return the typer app."""
+    for name in modules:
+        importlib.import_module(f"{__name__}.{name}")
+    return _base.app
+
+
+def __getattr__(name: str):
+    """``app``: the typer app with every command registered (PEP 562, imported on first use)."""
+    if name == "app":
+        return _register()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def main() -> None:
+    """Console-script entry point (``simtrain``): register the command named by the first argument
+    (every command when it is an option, ``--help``, or not a command) and run the app."""
+    module = COMMAND_MODULE.get(sys.argv[1]) if len(sys.argv) > 1 else None
+    collecting = gc.isenabled()
+    gc.disable()  # importing allocates ~10^5 long-lived objects (modules, classes, schemas) and little garbage
+    try:
+        _register((module,) if module else MODULES)
+    finally:
+        gc.freeze()  # ... which later collections, the one at exit included, need not scan again
+        if collecting:
+            gc.enable()
+    _base.main()

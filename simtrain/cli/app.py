@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import warnings
 from collections.abc import Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
 from ..errors import ConfigWarning, SimtrainError
 from ..schedules import ScheduleWarning
 from .usage import OneLineErrors
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 app = typer.Typer(
     cls=OneLineErrors,
@@ -27,8 +30,39 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Simulate pipeline-parallel training schedules on real models and hardware.",
 )
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+class LazyConsole:
+    """A rich ``Console`` on standard output or error, made on first use; every attribute is the
+    console's. Importing rich costs ~30 ms of start-up that a ``--json`` run, which prints with
+    ``print``, never needs. The width is the terminal's, or 160 columns on a pipe or file.
+
+    Args:
+        stderr: write to standard error instead of standard output.
+    """
+
+    def __init__(self, stderr: bool = False) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+        self._lock = threading.Lock()  # the progress bar's timer thread may make it first
+
+    @property
+    def console(self) -> Console:
+        """The rich console (made on the first call)."""
+        with self._lock:
+            if self._console is None:
+                from rich.console import Console
+
+                stream = sys.stderr if self._stderr else sys.stdout
+                self._console = Console(stderr=self._stderr, width=None if stream.isatty() else 160)
+            return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console, name)
+
+
+out = LazyConsole()
+err = LazyConsole(stderr=True)
 
 
 def _print_version(value: bool) -> None:

@@ -10,8 +10,11 @@ bound of their objective (:mod:`simtrain.plan_bounds`); the schedule-free bound 
 generated schedule when a candidate comes first; a candidate whose bound is worse than the K-th
 best simulated configuration is never simulated (nor is anything after it). Pruned candidates are
 counted by reason (:data:`REASONS`). The survivors are simulated by a backend
-(:mod:`simtrain.plan_backends`: a local process pool or Ray) with :func:`simtrain.scenario.run_schedule`.
-Ties are broken by the configuration's key, so every backend returns the same ranking.
+(:mod:`simtrain.plan_backends`: a local process pool or Ray) with :func:`simtrain.scenario.run_schedule`
+and the request's compute cost model (:class:`simtrain.cost_models.CostChoice`, ``auto`` by default as
+in ``simtrain compare``), so a row's step time is the one ``compare`` reports for that configuration.
+The bounds read costs priced by the same model (:meth:`_Caches.reference`). Ties are broken by the
+configuration's key, so every backend returns the same ranking.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from .checks import PAIRED
+from .cost_models import CostChoice, parse_cost_choice
 from .costs import StageCosts, split_layers, stage_costs
 from .errors import SimtrainError
 from .hardware import HardwareProfile
@@ -66,6 +70,14 @@ class PlanRequest:
         recompute: recomputation modes to try.
         zero_stages: ZeRO stages to try.
         top: how many of the best to keep (K).
+        cost: the compute cost model of the simulations and the bounds; None (the default) takes
+            ``simtrain compare``'s default, ``auto`` resolved for ``hardware`` and ``model``
+            (:func:`simtrain.cost_models.parse_cost_choice`). A per-operator ``--recompute MODULE,...``
+            list is not searched (``recompute`` holds the modes tried).
+
+    Raises:
+        SimtrainError: ``cost`` asks for the per-operator model where it cannot run (an MoE model, a
+            GPU kind without kernel tables, or ``fp8`` without an FP8 GEMM table), or sets ``recompute``.
     """
 
     model: ModelSpec
@@ -79,6 +91,21 @@ class PlanRequest:
     recompute: tuple[str, ...] = ("none", "selective", "full")
     zero_stages: tuple[int, ...] = (0, 1)
     top: int = 5
+    cost: CostChoice | None = None
+
+    def __post_init__(self) -> None:
+        cost = self.cost or parse_cost_choice("auto", None, None, "flash", self.hardware, self.model)
+        if cost.recompute is not None:
+            raise SimtrainError(f"--recompute = {cost.recompute!r}: the planner tries the modes none, selective "
+                                "and full, not operator lists")
+        parse_cost_choice(cost.model, None, cost.fp8, cost.attention, self.hardware, self.model)
+        cost.runtime(self.model, ParallelConfig(), self.hardware)  # raises what the workers would
+        object.__setattr__(self, "cost", cost)
+
+    def runtime(self, model: ModelSpec, parallel: ParallelConfig):
+        """The ``runtime`` hook of :func:`simtrain.scenario.run_schedule` that prices ``parallel`` under
+        :attr:`cost` (None for ``flat``); ``model`` is :attr:`model` or a copy of it."""
+        return self.cost.runtime(model, parallel, self.hardware)
 
     @property
     def tokens_per_step(self) -> int:
@@ -215,6 +242,7 @@ class _Caches:
         return self.topologies[key]
 
     def _cached(self, key: tuple, model: ModelSpec, par: ParallelConfig, num_chunks: int) -> StageCosts:
+        """:func:`simtrain.costs.stage_costs` (the flat model's), computed once per ``key``."""
         if key not in self.costs:
             try:
                 self.costs[key] = stage_costs(model, par, self.req.hardware, num_chunks)
@@ -225,17 +253,25 @@ class _Caches:
             raise hit
         return hit
 
-    def stage_costs(self, cfg: Config, num_chunks: int) -> StageCosts:
-        """The exact costs of ``cfg`` cut into ``num_chunks`` chunks."""
-        key = (replace(cfg, schedule="", vp=0), num_chunks)  # the schedule only sets num_chunks
-        return self._cached(key, self.req.model, cfg.parallel(self.req.seq_len), num_chunks)
+    def _priced(self, costs: StageCosts, parallel: Callable[[], ParallelConfig], *key) -> StageCosts:
+        """``costs`` priced by the request's cost model (its ``runtime`` hook, as
+        :func:`simtrain.scenario.run_schedule` applies it; unchanged for ``flat``) for the
+        settings ``parallel()`` returns, once per ``costs`` and ``key`` (which, with ``costs``,
+        must determine those settings)."""
+        full = ("priced", id(costs), *key)  # costs live in self.costs, so their ids are stable
+        if full not in self.costs:
+            runtime = self.req.runtime(self.req.model, parallel())
+            self.costs[full] = costs if runtime is None else runtime(costs)
+        return self.costs[full]
 
-    def reference(self, cfg: Config) -> StageCosts:
-        """Costs of one layer per chunk with one microbatch per step (no gradient accumulation) and
-        the static rates of ``cfg``'s ZeRO stage: the sums over chunks of F, B and parameters do
-        not depend on how layers are grouped (the tied-embedding copy aside, see :func:`_screen`),
-        so one computation serves every pp, vp and m; with m = 1 the accumulation term is 0, so the
-        work is a lower bound. Dense models: dp only sets static rates, computed on a 1-layer copy."""
+    def stage_costs(self, cfg: Config, num_chunks: int) -> StageCosts:
+        """The exact costs of ``cfg`` cut into ``num_chunks`` chunks, as its simulation prices them."""
+        key = (replace(cfg, schedule="", vp=0), num_chunks)  # the schedule only sets num_chunks
+        flat = self._cached(key, self.req.model, cfg.parallel(self.req.seq_len), num_chunks)
+        return self._priced(flat, lambda: cfg.parallel(self.req.seq_len))
+
+    def _flat_reference(self, cfg: Config) -> StageCosts:
+        """:meth:`reference` before the cost model's hook (the flat model's costs)."""
         moe = self.req.model.moe is not None
         par = cfg.parallel(self.req.seq_len).model_copy(update=dict(pp=1, vp=1, microbatches=1))
         layers = self.req.model.num_layers
@@ -255,6 +291,22 @@ class _Caches:
                                       expert_optimizer_s_per_param=rates.expert_optimizer_s_per_param)
         return self.costs[key]
 
+    def reference(self, cfg: Config) -> StageCosts:
+        """Costs of one layer per chunk with one microbatch per step (no gradient accumulation) and
+        the static rates of ``cfg``'s ZeRO stage: the sums over chunks of F, B and parameters do
+        not depend on how layers are grouped (the tied-embedding copy aside, see :func:`_screen`),
+        so one computation serves every pp, vp and m; with m = 1 the accumulation term is 0, so the
+        work is a lower bound. Dense models: dp only sets static rates, computed on a 1-layer copy.
+
+        Then priced by the request's cost model for ``cfg``'s dp, ZeRO stage and microbatches (the
+        optimizer step's rate, the per-operator gradient norm and clipping, and its gradient
+        accumulation in W included). Under the per-operator model (:mod:`simtrain.costs.ops`) the
+        sums are exact: a chunk's F, I and W seconds are sums of per-layer operator terms, the
+        embedding's on the first chunk and the head's on the last, and W's accumulation is
+        linear in the parameters (tests/test_plan_bounds.py checks the sums against the chunks)."""
+        return self._priced(self._flat_reference(cfg), lambda: cfg.parallel(self.req.seq_len).model_copy(
+            update=dict(pp=1, vp=1)), cfg.microbatches)
+
     def aggregated(self, cfg: Config, num_chunks: int) -> StageCosts:
         """:func:`simtrain.plan_bounds.aggregate` of :meth:`reference` (dense models)."""
         ref = self.reference(cfg)
@@ -266,7 +318,7 @@ class _Caches:
     def shape(self, cfg: Config) -> tuple:
         """The bounds' summary of ``cfg``'s schedule, read off a capped one
         (:func:`shape_microbatches`) and scaled to ``cfg.microbatches``."""
-        capped = replace(cfg, microbatches=shape_microbatches(cfg.microbatches, cfg.pp))
+        capped = replace(cfg, microbatches=shape_microbatches(cfg.microbatches, cfg.pp, _paired(cfg)))
         key = (cfg.schedule, cfg.pp, capped.microbatches, cfg.vp)
         if key not in self.shapes:
             try:
@@ -283,6 +335,11 @@ class _Caches:
             raise hit
         shapes, m = hit
         return scale_shape(shapes, cfg.microbatches / m)
+
+
+def _paired(cfg: Config) -> bool:
+    """Whether ``cfg``'s schedule overlaps F&B pairs (DualPipe, DualPipeV)."""
+    return split_name(cfg.schedule)[0] in PAIRED
 
 
 def _score(req: PlanRequest, step_s: float, gpus: int) -> float:
@@ -303,17 +360,16 @@ def _screen(req: PlanRequest, caches: _Caches, cfg: Config) -> tuple[str | None,
         costs = caches.reference(cfg) if num_chunks > 1 else caches.stage_costs(cfg, 1)
     except SimtrainError as exc:
         return "model_rules", 0.0, str(exc)
-    paired = cfg.schedule.split("+")[0] in PAIRED
-    key = (id(costs), paired, cfg.tp)
+    key = (id(costs), _paired(cfg), cfg.tp)
     if key not in caches.means:
-        caches.means[key] = mean_bounds(costs, caches.topology(cfg), paired)
+        caches.means[key] = mean_bounds(costs, caches.topology(cfg), _paired(cfg))
     means = caches.means[key]
     if means.static_bytes / cfg.pp > req.hardware.hbm_bytes:
         return "static_memory", 0.0, ""
     if num_chunks == 1:  # one chunk: costs are exact, not per layer
         return None, _score(req, cheap_step_bound(replace(means, layers=1), cfg.microbatches, 1, copies),
                             cfg.gpus), ""
-    return None, _score(req, cheap_step_bound(means, cfg.microbatches, cfg.pp, copies), cfg.gpus), ""
+    return None, _score(req, cheap_step_bound(means, cfg.microbatches, cfg.pp, copies, num_chunks), cfg.gpus), ""
 
 
 def _refine(req: PlanRequest, caches: _Caches, cfg: Config) -> tuple[str | None, float, str]:
@@ -339,7 +395,8 @@ def search(req: PlanRequest, backend, progress: Callable[[int, int], None] | Non
 
     Args:
         req: the request.
-        backend: a :class:`simtrain.plan_backends.Backend` (``submit``, ``next_result``, ``workers``).
+        backend: a :class:`simtrain.plan_backends.Backend` (``submit``, ``next_result``, ``workers``);
+            each configuration is submitted with ``req.cost``, the cost model its bounds were priced by.
         progress: called with ``(done, total)`` as candidates are settled.
 
     Returns:
@@ -384,7 +441,7 @@ def search(req: PlanRequest, backend, progress: Callable[[int, int], None] | Non
                 else:
                     heapq.heappush(heap, (max(bound, new_bound), cfg, True))
                 continue
-            backend.submit(cfg)
+            backend.submit(cfg, req.cost)
             in_flight += 1
         if progress is not None:
             progress(done, total)
@@ -409,7 +466,7 @@ def search(req: PlanRequest, backend, progress: Callable[[int, int], None] | Non
 def summarise(req: PlanRequest, res: PlanResult) -> dict:
     """The ``--json`` object: ``evaluated``, ``pruned`` (reason -> count), ``best``, ``top`` (the K
     best that fit) and ``pareto`` (fitting rows not beaten in both step time and peak memory, by
-    step time), plus ``considered``.
+    step time), plus ``considered`` and ``cost_model`` (``flat`` or ``ops``, ``auto`` resolved).
 
     Raises:
         SimtrainError: nothing could be simulated or nothing simulated fits (naming the reason).
@@ -428,7 +485,7 @@ def summarise(req: PlanRequest, res: PlanResult) -> dict:
             pareto.append(r)
             best_mem = r["peak_memory_bytes"]
     return {"considered": res.considered, "evaluated": res.evaluated, "pruned": dict(res.pruned),
-            "best": fitting[0], "top": fitting[:req.top], "pareto": pareto}
+            "cost_model": req.cost.model, "best": fitting[0], "top": fitting[:req.top], "pareto": pareto}
 
 
 def config_of_row(row: dict) -> Config:

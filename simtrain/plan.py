@@ -11,10 +11,8 @@ generated schedule when a candidate comes first; a candidate whose bound is wors
 best simulated configuration is never simulated (nor is anything after it). Pruned candidates are
 counted by reason (:data:`REASONS`). The survivors are simulated by a backend
 (:mod:`simtrain.plan_backends`: a local process pool or Ray) with :func:`simtrain.scenario.run_schedule`
-and the request's compute cost model (:class:`simtrain.cost_models.CostChoice`, ``auto`` by default as
-in ``simtrain compare``), so a row's step time is the one ``compare`` reports for that configuration.
-The bounds read costs priced by the same model (:meth:`_Caches.reference`). Ties are broken by the
-configuration's key, so every backend returns the same ranking.
+and the cost model ``simtrain compare`` would use (:attr:`PlanRequest.cost`), which also prices the
+bounds' costs. Ties are broken by the configuration's key, so every backend returns the same ranking.
 """
 
 from __future__ import annotations
@@ -70,14 +68,11 @@ class PlanRequest:
         recompute: recomputation modes to try.
         zero_stages: ZeRO stages to try.
         top: how many of the best to keep (K).
-        cost: the compute cost model of the simulations and the bounds; None (the default) takes
-            ``simtrain compare``'s default, ``auto`` resolved for ``hardware`` and ``model``
-            (:func:`simtrain.cost_models.parse_cost_choice`). A per-operator ``--recompute MODULE,...``
-            list is not searched (``recompute`` holds the modes tried).
+        cost: the compute cost model of the simulations and the bounds; None: compare's default, ``auto``.
 
     Raises:
-        SimtrainError: ``cost`` asks for the per-operator model where it cannot run (an MoE model, a
-            GPU kind without kernel tables, or ``fp8`` without an FP8 GEMM table), or sets ``recompute``.
+        SimtrainError: ``cost`` cannot run on ``model`` / ``hardware`` (as
+            :func:`simtrain.cost_models.parse_cost_choice`), or sets ``recompute`` (operator lists).
     """
 
     model: ModelSpec
@@ -96,16 +91,15 @@ class PlanRequest:
     def __post_init__(self) -> None:
         cost = self.cost or parse_cost_choice("auto", None, None, "flash", self.hardware, self.model)
         if cost.recompute is not None:
-            raise SimtrainError(f"--recompute = {cost.recompute!r}: the planner tries the modes none, selective "
-                                "and full, not operator lists")
+            raise SimtrainError(f"--recompute = {cost.recompute!r}: the planner tries none, selective and full")
         parse_cost_choice(cost.model, None, cost.fp8, cost.attention, self.hardware, self.model)
         cost.runtime(self.model, ParallelConfig(), self.hardware)  # raises what the workers would
         object.__setattr__(self, "cost", cost)
 
-    def runtime(self, model: ModelSpec, parallel: ParallelConfig):
-        """The ``runtime`` hook of :func:`simtrain.scenario.run_schedule` that prices ``parallel`` under
-        :attr:`cost` (None for ``flat``); ``model`` is :attr:`model` or a copy of it."""
-        return self.cost.runtime(model, parallel, self.hardware)
+    def runtime(self, parallel: ParallelConfig):
+        """The ``runtime`` hook of :func:`simtrain.scenario.run_schedule` that prices :attr:`model`
+        under ``parallel`` with :attr:`cost` (None for ``flat``)."""
+        return self.cost.runtime(self.model, parallel, self.hardware)
 
     @property
     def tokens_per_step(self) -> int:
@@ -132,6 +126,11 @@ class Config:
     def gpus(self) -> int:
         """tp x pp x dp."""
         return self.tp * self.pp * self.dp
+
+    @property
+    def paired(self) -> bool:
+        """Whether the schedule overlaps F&B pairs (:data:`simtrain.checks.PAIRED`: DualPipe, ...)."""
+        return split_name(self.schedule)[0] in PAIRED
 
     def parallel(self, seq_len: int | None) -> ParallelConfig:
         """The :class:`ParallelConfig` that runs this point."""
@@ -254,13 +253,10 @@ class _Caches:
         return hit
 
     def _priced(self, costs: StageCosts, parallel: Callable[[], ParallelConfig], *key) -> StageCosts:
-        """``costs`` priced by the request's cost model (its ``runtime`` hook, as
-        :func:`simtrain.scenario.run_schedule` applies it; unchanged for ``flat``) for the
-        settings ``parallel()`` returns, once per ``costs`` and ``key`` (which, with ``costs``,
-        must determine those settings)."""
+        """``costs`` priced for ``parallel()`` by the request's cost model, once per ``costs`` and ``key``."""
         full = ("priced", id(costs), *key)  # costs live in self.costs, so their ids are stable
         if full not in self.costs:
-            runtime = self.req.runtime(self.req.model, parallel())
+            runtime = self.req.runtime(parallel())
             self.costs[full] = costs if runtime is None else runtime(costs)
         return self.costs[full]
 
@@ -297,13 +293,9 @@ class _Caches:
         not depend on how layers are grouped (the tied-embedding copy aside, see :func:`_screen`),
         so one computation serves every pp, vp and m; with m = 1 the accumulation term is 0, so the
         work is a lower bound. Dense models: dp only sets static rates, computed on a 1-layer copy.
-
-        Then priced by the request's cost model for ``cfg``'s dp, ZeRO stage and microbatches (the
-        optimizer step's rate, the per-operator gradient norm and clipping, and its gradient
-        accumulation in W included). Under the per-operator model (:mod:`simtrain.costs.ops`) the
-        sums are exact: a chunk's F, I and W seconds are sums of per-layer operator terms, the
-        embedding's on the first chunk and the head's on the last, and W's accumulation is
-        linear in the parameters (tests/test_plan_bounds.py checks the sums against the chunks)."""
+        Then priced by the cost model for ``cfg``'s microbatches: per-operator chunk seconds are
+        sums of per-layer terms (embedding, head, W's accumulation linear in the parameters), so
+        the sums are the chunks' own (tests/test_plan_bounds.py)."""
         return self._priced(self._flat_reference(cfg), lambda: cfg.parallel(self.req.seq_len).model_copy(
             update=dict(pp=1, vp=1)), cfg.microbatches)
 
@@ -318,7 +310,7 @@ class _Caches:
     def shape(self, cfg: Config) -> tuple:
         """The bounds' summary of ``cfg``'s schedule, read off a capped one
         (:func:`shape_microbatches`) and scaled to ``cfg.microbatches``."""
-        capped = replace(cfg, microbatches=shape_microbatches(cfg.microbatches, cfg.pp, _paired(cfg)))
+        capped = replace(cfg, microbatches=shape_microbatches(cfg.microbatches, cfg.pp, cfg.paired))
         key = (cfg.schedule, cfg.pp, capped.microbatches, cfg.vp)
         if key not in self.shapes:
             try:
@@ -335,11 +327,6 @@ class _Caches:
             raise hit
         shapes, m = hit
         return scale_shape(shapes, cfg.microbatches / m)
-
-
-def _paired(cfg: Config) -> bool:
-    """Whether ``cfg``'s schedule overlaps F&B pairs (DualPipe, DualPipeV)."""
-    return split_name(cfg.schedule)[0] in PAIRED
 
 
 def _score(req: PlanRequest, step_s: float, gpus: int) -> float:
@@ -360,9 +347,9 @@ def _screen(req: PlanRequest, caches: _Caches, cfg: Config) -> tuple[str | None,
         costs = caches.reference(cfg) if num_chunks > 1 else caches.stage_costs(cfg, 1)
     except SimtrainError as exc:
         return "model_rules", 0.0, str(exc)
-    key = (id(costs), _paired(cfg), cfg.tp)
+    key = (id(costs), cfg.paired, cfg.tp)
     if key not in caches.means:
-        caches.means[key] = mean_bounds(costs, caches.topology(cfg), _paired(cfg))
+        caches.means[key] = mean_bounds(costs, caches.topology(cfg), cfg.paired)
     means = caches.means[key]
     if means.static_bytes / cfg.pp > req.hardware.hbm_bytes:
         return "static_memory", 0.0, ""
@@ -395,8 +382,7 @@ def search(req: PlanRequest, backend, progress: Callable[[int, int], None] | Non
 
     Args:
         req: the request.
-        backend: a :class:`simtrain.plan_backends.Backend` (``submit``, ``next_result``, ``workers``);
-            each configuration is submitted with ``req.cost``, the cost model its bounds were priced by.
+        backend: a :class:`simtrain.plan_backends.Backend` (``submit``, ``next_result``, ``workers``).
         progress: called with ``(done, total)`` as candidates are settled.
 
     Returns:

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from simtrain.cli import app
 from simtrain.cost_models import CostChoice
+from simtrain.errors import SimtrainError
 from simtrain.hardware import load_profile
 from simtrain.models import load_model
 from simtrain.parallel import ParallelConfig
@@ -48,7 +49,7 @@ def _exhaustive_best(req: PlanRequest) -> tuple[float, dict]:
             continue
         par = cfg.parallel(req.seq_len)
         try:
-            rep = run_schedule(cfg.schedule, req.model, req.hardware, par, runtime=req.runtime(req.model, par)).report
+            rep = run_schedule(cfg.schedule, req.model, req.hardware, par, runtime=req.runtime(par)).report
         except Exception:  # noqa: BLE001 - points the generators or the model refuse
             continue
         if rep.fits_in_hbm and (rep.step_time_s, cfg) < best:
@@ -137,6 +138,16 @@ def test_plan_reports_the_step_time_compare_reports(cost):
         assert steps["flat"] != pytest.approx(steps["ops"], rel=1e-3)
 
 
+def test_request_takes_compares_default_cost_model():
+    """PlanRequest without ``cost`` resolves ``auto`` as compare does: per-operator where the profile
+    has kernel tables, flat elsewhere and for MoE models; operator recompute lists are refused."""
+    dense, moe = load_model("llama3-8b"), load_model("deepseek-v3")
+    for model, hw, expected in ((dense, "h100-sxm", "ops"), (dense, "v100-sxm2", "flat"), (moe, "h800", "flat")):
+        assert PlanRequest(model, load_profile(hw), gpus=8, global_batch=8).cost.model == expected
+    with pytest.raises(SimtrainError, match="the planner tries none, selective and full"):
+        PlanRequest(dense, load_profile("h100-sxm"), gpus=8, global_batch=8, cost=CostChoice("ops", recompute="norm"))
+
+
 def _tiny_yaml(tmp_path, layers=2, heads=2) -> str:
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(dict(name="tiny", num_layers=layers, hidden_size=256, ffn_hidden_size=1024,
@@ -165,6 +176,8 @@ def test_bad_input_is_one_error_line(tmp_path):
          "is an MoE model, which the per-operator model does not cover"),
         (["--gpus", "4", "--global-batch", "8", "--hardware", "v100-sxm2", "--cost-model", "ops"],
          "the per-operator cost model has kernel tables for"),
+        (["--gpus", "4", "--global-batch", "8", "--hardware", "a100-sxm-80gb", "--fp8", "gemms"],
+         "--fp8 gemms: a100-sxm-80gb (sm_80) has no FP8 GEMM table"),
     ]
     for extra, message in cases:
         res = invoke("plan", "--model", tiny, "--hardware", "h100-sxm", "--schedules", "1f1b", *extra)  # later flags win

@@ -96,10 +96,9 @@ class PlanRequest:
         cost.runtime(self.model, ParallelConfig(), self.hardware)  # raises what the workers would
         object.__setattr__(self, "cost", cost)
 
-    def runtime(self, parallel: ParallelConfig):
-        """The ``runtime`` hook of :func:`simtrain.scenario.run_schedule` that prices :attr:`model`
-        under ``parallel`` with :attr:`cost` (None for ``flat``)."""
-        return self.cost.runtime(self.model, parallel, self.hardware)
+    def parallel(self, cfg: Config) -> ParallelConfig:
+        """``cfg``'s :class:`ParallelConfig` with this request's sequence length and attention kernel."""
+        return cfg.parallel(self.seq_len, self.cost.attention)
 
     @property
     def tokens_per_step(self) -> int:
@@ -132,11 +131,12 @@ class Config:
         """Whether the schedule overlaps F&B pairs (:data:`simtrain.checks.PAIRED`: DualPipe, ...)."""
         return split_name(self.schedule)[0] in PAIRED
 
-    def parallel(self, seq_len: int | None) -> ParallelConfig:
-        """The :class:`ParallelConfig` that runs this point."""
+    def parallel(self, seq_len: int | None, attention: str = "flash") -> ParallelConfig:
+        """The :class:`ParallelConfig` that runs this point (``attention``: the kernel, flash or unfused)."""
         return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, vp=self.vp,
                               microbatches=self.microbatches, microbatch_size=self.microbatch_size,
-                              seq_len=seq_len, recompute=self.recompute, zero_stage=self.zero_stage)
+                              seq_len=seq_len, recompute=self.recompute, zero_stage=self.zero_stage,
+                              attention=attention)
 
 
 def _divisors(n: int) -> list[int]:
@@ -237,7 +237,7 @@ class _Caches:
         """Placement and routes of ``cfg`` (for pricing its TP collectives)."""
         key = (cfg.tp, cfg.pp, cfg.dp, cfg.ep)
         if key not in self.topologies:
-            self.topologies[key] = Topology(self.req.hardware, cfg.parallel(self.req.seq_len))
+            self.topologies[key] = Topology(self.req.hardware, self.req.parallel(cfg))
         return self.topologies[key]
 
     def _cached(self, key: tuple, model: ModelSpec, par: ParallelConfig, num_chunks: int) -> StageCosts:
@@ -256,20 +256,20 @@ class _Caches:
         """``costs`` priced for ``parallel()`` by the request's cost model, once per ``costs`` and ``key``."""
         full = ("priced", id(costs), *key)  # costs live in self.costs, so their ids are stable
         if full not in self.costs:
-            runtime = self.req.runtime(parallel())
+            runtime = self.req.cost.runtime(self.req.model, parallel(), self.req.hardware)
             self.costs[full] = costs if runtime is None else runtime(costs)
         return self.costs[full]
 
     def stage_costs(self, cfg: Config, num_chunks: int) -> StageCosts:
         """The exact costs of ``cfg`` cut into ``num_chunks`` chunks, as its simulation prices them."""
         key = (replace(cfg, schedule="", vp=0), num_chunks)  # the schedule only sets num_chunks
-        flat = self._cached(key, self.req.model, cfg.parallel(self.req.seq_len), num_chunks)
-        return self._priced(flat, lambda: cfg.parallel(self.req.seq_len))
+        flat = self._cached(key, self.req.model, self.req.parallel(cfg), num_chunks)
+        return self._priced(flat, lambda: self.req.parallel(cfg))
 
     def _flat_reference(self, cfg: Config) -> StageCosts:
         """:meth:`reference` before the cost model's hook (the flat model's costs)."""
         moe = self.req.model.moe is not None
-        par = cfg.parallel(self.req.seq_len).model_copy(update=dict(pp=1, vp=1, microbatches=1))
+        par = self.req.parallel(cfg).model_copy(update=dict(pp=1, vp=1, microbatches=1))
         layers = self.req.model.num_layers
         base = par.model_copy(update=dict(dp=par.dp if moe else 1, zero_stage=par.zero_stage if moe else 0))
         ref = self._cached(("ref", cfg.tp, cfg.ep, cfg.microbatch_size, cfg.recompute, base.dp, base.zero_stage),
@@ -296,7 +296,7 @@ class _Caches:
         Then priced by the cost model for ``cfg``'s microbatches: per-operator chunk seconds are
         sums of per-layer terms (embedding, head, W's accumulation linear in the parameters), so
         the sums are the chunks' own (tests/test_plan_bounds.py)."""
-        return self._priced(self._flat_reference(cfg), lambda: cfg.parallel(self.req.seq_len).model_copy(
+        return self._priced(self._flat_reference(cfg), lambda: self.req.parallel(cfg).model_copy(
             update=dict(pp=1, vp=1)), cfg.microbatches)
 
     def aggregated(self, cfg: Config, num_chunks: int) -> StageCosts:

@@ -34,7 +34,7 @@ def evaluate(model: ModelSpec, hardware: HardwareProfile, seq_len: int | None, c
     compare`` passes, so the step time is compare's); returns ``(config, row, None)`` or
     ``(config, None, error message)``."""
     try:
-        par = cfg.parallel(seq_len)
+        par = cfg.parallel(seq_len, cost.attention)
         with warnings.catch_warnings():  # a padded ZB-V is simulated as it is, bubbles included
             warnings.simplefilter("ignore", ScheduleWarning)
             report = run_schedule(cfg.schedule, model, hardware, par, runtime=cost.runtime(model, par, hardware)).report

@@ -47,9 +47,10 @@ def _exhaustive_best(req: PlanRequest) -> tuple[float, dict]:
     for cfg, reason in enumerate_space(req):
         if reason is not None:
             continue
-        par = cfg.parallel(req.seq_len)
+        par = req.parallel(cfg)
         try:
-            rep = run_schedule(cfg.schedule, req.model, req.hardware, par, runtime=req.runtime(par)).report
+            runtime = req.cost.runtime(req.model, par, req.hardware)
+            rep = run_schedule(cfg.schedule, req.model, req.hardware, par, runtime=runtime).report
         except Exception:  # noqa: BLE001 - points the generators or the model refuse
             continue
         if rep.fits_in_hbm and (rep.step_time_s, cfg) < best:
@@ -117,25 +118,29 @@ def test_gpt_174b_on_384_a100_beats_megatron(tmp_path):
     assert "Pareto front" in text and "timeline" in text and "simtrain-manifest" in text
 
 
-@pytest.mark.parametrize("cost", ["flat", "ops"])
-def test_plan_reports_the_step_time_compare_reports(cost):
-    """Every configuration plan ranks has the step time ``simtrain compare`` gives it under the same
-    ``--cost-model`` (same runtime hook), and the two models disagree on it (the hook is applied)."""
-    res = invoke("plan", *SMALL, "--top", "3", "--cost-model", cost)
+@pytest.mark.parametrize("cost,attention", [("flat", "flash"), ("ops", "flash"), ("ops", "unfused")])
+def test_plan_reports_the_step_time_compare_reports(cost, attention):
+    """Every configuration plan ranks has the step time and peak memory ``simtrain compare`` gives it
+    under the same ``--cost-model`` and ``--attention`` (same runtime hook and parallel settings),
+    and the two cost models disagree on it (the hook is applied)."""
+    # recompute none: unfused attention then stores its score matrices (memory differs from flash)
+    res = invoke("plan", *SMALL, "--recompute", "none", "--top", "3", "--cost-model", cost, "--attention", attention)
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["cost_model"] == cost and len(data["top"]) == 3
     for row in data["top"]:
         flags = [x for k in ("tp", "pp", "dp", "vp", "microbatches", "microbatch_size", "recompute", "zero_stage")
                  for x in (f"--{k.replace('_', '-')}", str(row[k]))]
-        steps = {}
+        runs = {}
         for model in ("flat", "ops"):
             cmp = invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--seq-len", "2048",
-                         "--schedules", row["schedule"], *flags, "--cost-model", model, "--json")
+                         "--schedules", row["schedule"], *flags, "--cost-model", model, "--attention", attention,
+                         "--json")
             assert cmp.exit_code == 0, cmp.output
-            steps[model] = json.loads(cmp.stdout)[0]["step_time_s"]
-        assert row["step_time_s"] == steps[cost]
-        assert steps["flat"] != pytest.approx(steps["ops"], rel=1e-3)
+            runs[model] = json.loads(cmp.stdout)[0]
+        assert row["step_time_s"] == runs[cost]["step_time_s"]
+        assert row["peak_memory_bytes"] == max(runs[cost]["peak_memory_bytes"])
+        assert runs["flat"]["step_time_s"] != pytest.approx(runs["ops"]["step_time_s"], rel=1e-3)
 
 
 def test_request_takes_compares_default_cost_model():

@@ -156,8 +156,9 @@ def _report(req: PlanRequest, summary: dict, rows: list[dict], out_path: Path | 
         from ..viz.plan import write_plan_page
 
         best = summary["best"]
-        par = config_of_row(best).parallel(seq_len)
-        cfg_run = run_schedule(best["schedule"], req.model, req.hardware, par, runtime=req.runtime(par))
+        par = req.parallel(config_of_row(best))
+        runtime = req.cost.runtime(req.model, par, req.hardware)
+        cfg_run = run_schedule(best["schedule"], req.model, req.hardware, par, runtime=runtime)
         panel = Panel(cfg_run.report, cfg_run.result.tasks, cfg_run.result.memory)
         write_output(lambda: _atomic_write(out_path, lambda tmp: write_plan_page(
             tmp, summary, rows, panel, req.hardware.hbm_bytes, "simtrain plan", subtitle)), out_path, "--out")

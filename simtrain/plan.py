@@ -71,8 +71,7 @@ class PlanRequest:
         cost: the compute cost model of the simulations and the bounds; None: compare's default, ``auto``.
 
     Raises:
-        SimtrainError: ``cost`` cannot run on ``model`` / ``hardware`` (as
-            :func:`simtrain.cost_models.parse_cost_choice`), or sets ``recompute`` (operator lists).
+        SimtrainError: ``cost`` cannot run on ``model`` / ``hardware``, or sets ``recompute``.
     """
 
     model: ModelSpec

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from simtrain.checks import PAIRED
 from simtrain.cost_models import CostChoice
 from simtrain.costs import stage_costs
 from simtrain.hardware import load_profile
@@ -47,7 +48,7 @@ def test_bounds_are_below_the_simulation(name, recompute, m, cost, h100):
     costs = _priced(model, par, h100, schedule.num_chunks, cost)
     # the planner's shortcuts: a schedule capped to fewer microbatches (counts scaled back up), and
     # chunk costs summed from one-layer chunks built for one microbatch
-    capped = generate(name, par.pp, shape_microbatches(m, par.pp, name.startswith("dualpipe")), par.vp)
+    capped = generate(name, par.pp, shape_microbatches(m, par.pp, name in PAIRED), par.vp)
     # (ops: the one-microbatch flat chunks priced for the step's microbatches, as the planner does)
     one_mb = par.model_copy(update=dict(microbatches=1, pp=1, vp=1))
     per_layer = stage_costs(model, one_mb, h100, model.num_layers)
@@ -60,11 +61,11 @@ def test_bounds_are_below_the_simulation(name, recompute, m, cost, h100):
             assert 0 < step <= rep.step_time_s * (1 + 1e-9)
             assert 0 < mem <= max(rep.peak_memory_bytes) * (1 + 1e-9)
     assert memory_bound(schedule_shape(schedule), summed) == pytest.approx(memory_bound(schedule_shape(schedule), costs))
-    means = mean_bounds(costs, Topology(h100, par), paired=name.startswith("dualpipe"))
+    means = mean_bounds(costs, Topology(h100, par), paired=name in PAIRED)
     cheap = cheap_step_bound(means, par.microbatches, par.pp, copies=name == "dualpipe")
     assert cheap <= rep.step_time_s * (1 + 1e-9) and means.static_bytes / par.pp <= mem
     # per layer (the planner's screening costs): one layer per chunk, one microbatch of gradient accumulation
-    cheap = cheap_step_bound(mean_bounds(per_layer, Topology(h100, par), paired=name.startswith("dualpipe")), par.microbatches,
+    cheap = cheap_step_bound(mean_bounds(per_layer, Topology(h100, par), paired=name in PAIRED), par.microbatches,
                              par.pp, copies=name == "dualpipe", chunks=schedule.num_chunks)
     assert cheap <= rep.step_time_s * (1 + 1e-9)
 

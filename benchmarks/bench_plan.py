@@ -43,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     model, hw = load_model(args.model), load_profile(args.hardware)
     schedules = tuple(REGISTRY) if args.schedules == "all" else tuple(args.schedules.split(","))
-    cost = parse_cost_choice(args.cost_model, None, None, "flash", hw, model)
+    cost = parse_cost_choice(args.cost_model, None, None, hw.attention_kernel(None), hw, model)
     req = PlanRequest(model, hw, args.gpus, args.global_batch, args.seq_len, schedules, cost=cost)
     print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
           f"(1/5/15 min) on {os.cpu_count()} CPUs")

@@ -88,7 +88,8 @@ class PlanRequest:
     cost: CostChoice | None = None
 
     def __post_init__(self) -> None:
-        cost = self.cost or parse_cost_choice("auto", None, None, "flash", self.hardware, self.model)
+        cost = self.cost or parse_cost_choice("auto", None, None, self.hardware.attention_kernel(None),
+                                              self.hardware, self.model)
         if cost.recompute is not None:
             raise SimtrainError(f"--recompute = {cost.recompute!r}: the planner tries none, selective and full")
         parse_cost_choice(cost.model, None, cost.fp8, cost.attention, self.hardware, self.model)
@@ -240,7 +241,6 @@ class _Caches:
         return self.topologies[key]
 
     def _cached(self, key: tuple, model: ModelSpec, par: ParallelConfig, num_chunks: int) -> StageCosts:
-        """:func:`simtrain.costs.stage_costs` (the flat model's), computed once per ``key``."""
         if key not in self.costs:
             try:
                 self.costs[key] = stage_costs(model, par, self.req.hardware, num_chunks)

@@ -105,8 +105,9 @@ def plan(
     cost_model: Annotated[str, typer.Option(
         help="compute cost model, as simtrain compare's: auto (ops where the profile has kernel tables, else "
              "flat), flat (one GEMM efficiency) or ops (per-operator rooflines from kernel tables)")] = "auto",
-    attention: Annotated[str, typer.Option(
-        help="attention kernel for --cost-model ops: flash (fused) or unfused (materialised scores)")] = "flash",
+    attention: Annotated[Optional[str], typer.Option(
+        help="attention kernel, as simtrain compare's: flash (fused; no score matrix stored) or unfused "
+             "(materialised scores) [default: flash, unfused where the profile has no fused kernel, e.g. V100]")] = None,
     fp8: Annotated[Optional[str], typer.Option(
         help="gemms: FP8 linear-layer GEMMs, attention and memory-bound kernels in the compute dtype "
              "(--cost-model ops)")] = None,
@@ -127,7 +128,7 @@ def plan(
         seq_len=seq_len, schedules=_schedules(schedules), objective=objective, max_tp=max_tp,
         recompute=_split_list(recompute, "--recompute", ["none", "selective", "full"]),
         zero_stages=tuple(int(z) for z in _split_list(zero_stages, "--zero-stages", ["0", "1"])), top=top,
-        cost=parse_cost_choice(cost_model, None, fp8, attention, hw, spec))
+        cost=parse_cost_choice(cost_model, None, fp8, hw.attention_kernel(attention), hw, spec))
     if out_path is not None:
         check_output_path(out_path, "--out", ".html", [Path(p) for p in (model, hardware) if Path(p).is_file()], force)
     runner = make_backend(backend, req.model, req.hardware, seq_len, workers, ray_address)

@@ -176,8 +176,10 @@ def test_bad_input_is_one_error_line(tmp_path):
         (["--gpus", "4", "--global-batch", "8", "--schedules", "nope"], "unknown schedule 'nope'"),
         (["--gpus", "4", "--global-batch", "8", "--recompute", "some"], "--recompute = 'some'"),
         (["--gpus", "4", "--global-batch", "8", "--objective", "speed"], "--objective = 'speed'"),
-        (["--gpus", "4", "--global-batch", "8", "--cost-model", "fast"], "--cost-model = 'fast': choose auto, flat or ops"),
-        (["--gpus", "4", "--global-batch", "8", "--attention", "sdpa"], "--attention = 'sdpa': choose flash or unfused"),
+        (["--gpus", "4", "--global-batch", "8", "--cost-model", "fast"],
+         "--cost-model = 'fast': choose auto, flat or ops"),
+        (["--gpus", "4", "--global-batch", "8", "--attention", "sdpa"],
+         "--attention = 'sdpa': choose flash or unfused"),
         (["--gpus", "4", "--global-batch", "8", "--cost-model", "flat", "--fp8", "gemms"],
          "--fp8 = 'gemms': needs the per-operator cost model"),
         (["--gpus", "4", "--global-batch", "8", "--model", moe, "--cost-model", "ops"],
@@ -188,7 +190,8 @@ def test_bad_input_is_one_error_line(tmp_path):
          "--fp8 gemms: a100-sxm-80gb (sm_80) has no FP8 GEMM table"),
     ]
     for extra, message in cases:
-        res = invoke("plan", "--model", tiny, "--hardware", "h100-sxm", "--schedules", "1f1b", *extra)  # later flags win
+        # a later flag wins (--model, --hardware in extra)
+        res = invoke("plan", "--model", tiny, "--hardware", "h100-sxm", "--schedules", "1f1b", *extra)
         assert res.exit_code == 2, (extra, res.output)
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (extra, res.stderr)

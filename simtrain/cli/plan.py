@@ -107,7 +107,7 @@ def plan(
              "flat), flat (one GEMM efficiency) or ops (per-operator rooflines from kernel tables)")] = "auto",
     attention: Annotated[Optional[str], typer.Option(
         help="attention kernel, as simtrain compare's: flash (fused; no score matrix stored) or unfused "
-             "(materialised scores) [default: flash, unfused where the profile has no fused kernel, e.g. V100]")] = None,
+             "(materialised scores) [default: flash, unfused where the profile has no fused kernel]")] = None,
     fp8: Annotated[Optional[str], typer.Option(
         help="gemms: FP8 linear-layer GEMMs, attention and memory-bound kernels in the compute dtype "
              "(--cost-model ops)")] = None,

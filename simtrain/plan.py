@@ -10,8 +10,9 @@ bound of their objective (:mod:`simtrain.plan_bounds`); the schedule-free bound 
 generated schedule when a candidate comes first; a candidate whose bound is worse than the K-th
 best simulated configuration is never simulated (nor is anything after it). Pruned candidates are
 counted by reason (:data:`REASONS`). The survivors are simulated by a backend
-(:mod:`simtrain.plan_backends`: a local process pool or Ray) with :func:`simtrain.scenario.run_schedule`.
-Ties are broken by the configuration's key, so every backend returns the same ranking.
+(:mod:`simtrain.plan_backends`: a local process pool or Ray) with :func:`simtrain.scenario.run_schedule`
+and the cost model ``simtrain compare`` would use (:attr:`PlanRequest.cost`), which also prices the
+bounds' costs. Ties are broken by the configuration's key, so every backend returns the same ranking.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from .checks import PAIRED
+from .cost_models import CostChoice, parse_cost_choice
 from .costs import StageCosts, split_layers, stage_costs
 from .errors import SimtrainError
 from .hardware import HardwareProfile
@@ -66,6 +68,10 @@ class PlanRequest:
         recompute: recomputation modes to try.
         zero_stages: ZeRO stages to try.
         top: how many of the best to keep (K).
+        cost: the compute cost model of the simulations and the bounds; None: compare's default, ``auto``.
+
+    Raises:
+        SimtrainError: ``cost`` cannot run on ``model`` / ``hardware``, or sets ``recompute``.
     """
 
     model: ModelSpec
@@ -79,6 +85,20 @@ class PlanRequest:
     recompute: tuple[str, ...] = ("none", "selective", "full")
     zero_stages: tuple[int, ...] = (0, 1)
     top: int = 5
+    cost: CostChoice | None = None
+
+    def __post_init__(self) -> None:
+        cost = self.cost or parse_cost_choice("auto", None, None, self.hardware.attention_kernel(None),
+                                              self.hardware, self.model)
+        if cost.recompute is not None:
+            raise SimtrainError(f"--recompute = {cost.recompute!r}: the planner tries none, selective and full")
+        parse_cost_choice(cost.model, None, cost.fp8, cost.attention, self.hardware, self.model)
+        cost.runtime(self.model, ParallelConfig(), self.hardware)  # raises what the workers would
+        object.__setattr__(self, "cost", cost)
+
+    def parallel(self, cfg: Config) -> ParallelConfig:
+        """``cfg``'s :class:`ParallelConfig` with this request's sequence length and attention kernel."""
+        return cfg.parallel(self.seq_len, self.cost.attention)
 
     @property
     def tokens_per_step(self) -> int:
@@ -106,11 +126,17 @@ class Config:
         """tp x pp x dp."""
         return self.tp * self.pp * self.dp
 
-    def parallel(self, seq_len: int | None) -> ParallelConfig:
-        """The :class:`ParallelConfig` that runs this point."""
+    @property
+    def paired(self) -> bool:
+        """Whether the schedule overlaps F&B pairs (:data:`simtrain.checks.PAIRED`: DualPipe, ...)."""
+        return split_name(self.schedule)[0] in PAIRED
+
+    def parallel(self, seq_len: int | None, attention: str = "flash") -> ParallelConfig:
+        """The :class:`ParallelConfig` that runs this point (``attention``: the kernel, flash or unfused)."""
         return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, vp=self.vp,
                               microbatches=self.microbatches, microbatch_size=self.microbatch_size,
-                              seq_len=seq_len, recompute=self.recompute, zero_stage=self.zero_stage)
+                              seq_len=seq_len, recompute=self.recompute, zero_stage=self.zero_stage,
+                              attention=attention)
 
 
 def _divisors(n: int) -> list[int]:
@@ -211,7 +237,7 @@ class _Caches:
         """Placement and routes of ``cfg`` (for pricing its TP collectives)."""
         key = (cfg.tp, cfg.pp, cfg.dp, cfg.ep)
         if key not in self.topologies:
-            self.topologies[key] = Topology(self.req.hardware, cfg.parallel(self.req.seq_len))
+            self.topologies[key] = Topology(self.req.hardware, self.req.parallel(cfg))
         return self.topologies[key]
 
     def _cached(self, key: tuple, model: ModelSpec, par: ParallelConfig, num_chunks: int) -> StageCosts:
@@ -225,19 +251,24 @@ class _Caches:
             raise hit
         return hit
 
-    def stage_costs(self, cfg: Config, num_chunks: int) -> StageCosts:
-        """The exact costs of ``cfg`` cut into ``num_chunks`` chunks."""
-        key = (replace(cfg, schedule="", vp=0), num_chunks)  # the schedule only sets num_chunks
-        return self._cached(key, self.req.model, cfg.parallel(self.req.seq_len), num_chunks)
+    def _priced(self, costs: StageCosts, parallel: Callable[[], ParallelConfig], *key) -> StageCosts:
+        """``costs`` priced for ``parallel()`` by the request's cost model, once per ``costs`` and ``key``."""
+        full = ("priced", id(costs), *key)  # costs live in self.costs, so their ids are stable
+        if full not in self.costs:
+            runtime = self.req.cost.runtime(self.req.model, parallel(), self.req.hardware)
+            self.costs[full] = costs if runtime is None else runtime(costs)
+        return self.costs[full]
 
-    def reference(self, cfg: Config) -> StageCosts:
-        """Costs of one layer per chunk with one microbatch per step (no gradient accumulation) and
-        the static rates of ``cfg``'s ZeRO stage: the sums over chunks of F, B and parameters do
-        not depend on how layers are grouped (the tied-embedding copy aside, see :func:`_screen`),
-        so one computation serves every pp, vp and m; with m = 1 the accumulation term is 0, so the
-        work is a lower bound. Dense models: dp only sets static rates, computed on a 1-layer copy."""
+    def stage_costs(self, cfg: Config, num_chunks: int) -> StageCosts:
+        """The exact costs of ``cfg`` cut into ``num_chunks`` chunks, as its simulation prices them."""
+        key = (replace(cfg, schedule="", vp=0), num_chunks)  # the schedule only sets num_chunks
+        flat = self._cached(key, self.req.model, self.req.parallel(cfg), num_chunks)
+        return self._priced(flat, lambda: self.req.parallel(cfg))
+
+    def _flat_reference(self, cfg: Config) -> StageCosts:
+        """:meth:`reference` before the cost model's hook (the flat model's costs)."""
         moe = self.req.model.moe is not None
-        par = cfg.parallel(self.req.seq_len).model_copy(update=dict(pp=1, vp=1, microbatches=1))
+        par = self.req.parallel(cfg).model_copy(update=dict(pp=1, vp=1, microbatches=1))
         layers = self.req.model.num_layers
         base = par.model_copy(update=dict(dp=par.dp if moe else 1, zero_stage=par.zero_stage if moe else 0))
         ref = self._cached(("ref", cfg.tp, cfg.ep, cfg.microbatch_size, cfg.recompute, base.dp, base.zero_stage),
@@ -255,6 +286,18 @@ class _Caches:
                                       expert_optimizer_s_per_param=rates.expert_optimizer_s_per_param)
         return self.costs[key]
 
+    def reference(self, cfg: Config) -> StageCosts:
+        """Costs of one layer per chunk with one microbatch per step (no gradient accumulation) and
+        the static rates of ``cfg``'s ZeRO stage: the sums over chunks of F, B and parameters do
+        not depend on how layers are grouped (the tied-embedding copy aside, see :func:`_screen`),
+        so one computation serves every pp, vp and m; with m = 1 the accumulation term is 0, so the
+        work is a lower bound. Dense models: dp only sets static rates, computed on a 1-layer copy.
+        Then priced by the cost model for ``cfg``'s microbatches: per-operator chunk seconds are
+        sums of per-layer terms (embedding, head, W's accumulation linear in the parameters), so
+        the sums are the chunks' own (tests/test_plan_bounds.py)."""
+        return self._priced(self._flat_reference(cfg), lambda: self.req.parallel(cfg).model_copy(
+            update=dict(pp=1, vp=1)), cfg.microbatches)
+
     def aggregated(self, cfg: Config, num_chunks: int) -> StageCosts:
         """:func:`simtrain.plan_bounds.aggregate` of :meth:`reference` (dense models)."""
         ref = self.reference(cfg)
@@ -266,7 +309,7 @@ class _Caches:
     def shape(self, cfg: Config) -> tuple:
         """The bounds' summary of ``cfg``'s schedule, read off a capped one
         (:func:`shape_microbatches`) and scaled to ``cfg.microbatches``."""
-        capped = replace(cfg, microbatches=shape_microbatches(cfg.microbatches, cfg.pp))
+        capped = replace(cfg, microbatches=shape_microbatches(cfg.microbatches, cfg.pp, cfg.paired))
         key = (cfg.schedule, cfg.pp, capped.microbatches, cfg.vp)
         if key not in self.shapes:
             try:
@@ -303,17 +346,16 @@ def _screen(req: PlanRequest, caches: _Caches, cfg: Config) -> tuple[str | None,
         costs = caches.reference(cfg) if num_chunks > 1 else caches.stage_costs(cfg, 1)
     except SimtrainError as exc:
         return "model_rules", 0.0, str(exc)
-    paired = cfg.schedule.split("+")[0] in PAIRED
-    key = (id(costs), paired, cfg.tp)
+    key = (id(costs), cfg.paired, cfg.tp)
     if key not in caches.means:
-        caches.means[key] = mean_bounds(costs, caches.topology(cfg), paired)
+        caches.means[key] = mean_bounds(costs, caches.topology(cfg), cfg.paired)
     means = caches.means[key]
     if means.static_bytes / cfg.pp > req.hardware.hbm_bytes:
         return "static_memory", 0.0, ""
     if num_chunks == 1:  # one chunk: costs are exact, not per layer
         return None, _score(req, cheap_step_bound(replace(means, layers=1), cfg.microbatches, 1, copies),
                             cfg.gpus), ""
-    return None, _score(req, cheap_step_bound(means, cfg.microbatches, cfg.pp, copies), cfg.gpus), ""
+    return None, _score(req, cheap_step_bound(means, cfg.microbatches, cfg.pp, copies, num_chunks), cfg.gpus), ""
 
 
 def _refine(req: PlanRequest, caches: _Caches, cfg: Config) -> tuple[str | None, float, str]:
@@ -384,7 +426,7 @@ def search(req: PlanRequest, backend, progress: Callable[[int, int], None] | Non
                 else:
                     heapq.heappush(heap, (max(bound, new_bound), cfg, True))
                 continue
-            backend.submit(cfg)
+            backend.submit(cfg, req.cost)
             in_flight += 1
         if progress is not None:
             progress(done, total)
@@ -409,7 +451,7 @@ def search(req: PlanRequest, backend, progress: Callable[[int, int], None] | Non
 def summarise(req: PlanRequest, res: PlanResult) -> dict:
     """The ``--json`` object: ``evaluated``, ``pruned`` (reason -> count), ``best``, ``top`` (the K
     best that fit) and ``pareto`` (fitting rows not beaten in both step time and peak memory, by
-    step time), plus ``considered``.
+    step time), plus ``considered`` and ``cost_model`` (``flat`` or ``ops``, ``auto`` resolved).
 
     Raises:
         SimtrainError: nothing could be simulated or nothing simulated fits (naming the reason).
@@ -428,7 +470,7 @@ def summarise(req: PlanRequest, res: PlanResult) -> dict:
             pareto.append(r)
             best_mem = r["peak_memory_bytes"]
     return {"considered": res.considered, "evaluated": res.evaluated, "pruned": dict(res.pruned),
-            "best": fitting[0], "top": fitting[:req.top], "pareto": pareto}
+            "cost_model": req.cost.model, "best": fitting[0], "top": fitting[:req.top], "pareto": pareto}
 
 
 def config_of_row(row: dict) -> Config:

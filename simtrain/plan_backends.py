@@ -1,6 +1,7 @@
 """Where the planner's simulations run: a local process pool, or a Ray cluster.
 
-Both keep at most ``workers`` simulations in flight (so that branch and bound prunes with fresh
+Both simulate each configuration with the cost model it is submitted with (the request's, so
+that its bounds hold), keep at most ``workers`` simulations in flight (so that branch and bound prunes with fresh
 results), give each finished one back as ``(config, row, error)``, and stop their workers on
 :meth:`Backend.close` (also after Ctrl-C). Ray is an optional extra (``pip install simtrain[ray]``);
 without ``address`` a local Ray instance with ``workers`` CPUs is started, with one the process
@@ -16,6 +17,7 @@ import socket
 import warnings
 from typing import Protocol
 
+from .cost_models import CostChoice
 from .errors import SimtrainError
 from .hardware import HardwareProfile
 from .models import ModelSpec
@@ -26,12 +28,16 @@ from .schedules import ScheduleWarning
 _JOB: dict = {}  # the model, hardware and sequence length of the running plan, per worker process
 
 
-def evaluate(model: ModelSpec, hardware: HardwareProfile, seq_len: int | None, cfg: Config) -> tuple:
-    """Simulate ``cfg``; returns ``(config, row, None)`` or ``(config, None, error message)``."""
+def evaluate(model: ModelSpec, hardware: HardwareProfile, seq_len: int | None, cfg: Config,
+             cost: CostChoice = CostChoice()) -> tuple:
+    """Simulate ``cfg`` with the compute cost model ``cost`` (the ``runtime`` hook ``simtrain
+    compare`` passes, so the step time is compare's); returns ``(config, row, None)`` or
+    ``(config, None, error message)``."""
     try:
+        par = cfg.parallel(seq_len, cost.attention)
         with warnings.catch_warnings():  # a padded ZB-V is simulated as it is, bubbles included
             warnings.simplefilter("ignore", ScheduleWarning)
-            report = run_schedule(cfg.schedule, model, hardware, cfg.parallel(seq_len)).report
+            report = run_schedule(cfg.schedule, model, hardware, par, runtime=cost.runtime(model, par, hardware)).report
     except SimtrainError as exc:
         return cfg, None, str(exc)
     return cfg, row_of(cfg, report, hardware.hbm_bytes), None
@@ -42,8 +48,8 @@ def _init_worker(model: ModelSpec, hardware: HardwareProfile, seq_len: int | Non
     _JOB.update(model=model, hardware=hardware, seq_len=seq_len)
 
 
-def _evaluate_in_worker(cfg: Config) -> tuple:
-    return evaluate(_JOB["model"], _JOB["hardware"], _JOB["seq_len"], cfg)
+def _evaluate_in_worker(cfg: Config, cost: CostChoice) -> tuple:
+    return evaluate(_JOB["model"], _JOB["hardware"], _JOB["seq_len"], cfg, cost)
 
 
 class Backend(Protocol):
@@ -51,7 +57,7 @@ class Backend(Protocol):
 
     workers: int
 
-    def submit(self, cfg: Config) -> None: ...
+    def submit(self, cfg: Config, cost: CostChoice) -> None: ...
 
     def next_result(self) -> tuple: ...
 
@@ -67,8 +73,8 @@ class LocalBackend:
         ctx = multiprocessing.get_context("fork")
         self._pool = ctx.Pool(workers, initializer=_init_worker, initargs=(model, hardware, seq_len))
 
-    def submit(self, cfg: Config) -> None:
-        self._pool.apply_async(_evaluate_in_worker, (cfg,), callback=self._done.put,
+    def submit(self, cfg: Config, cost: CostChoice) -> None:
+        self._pool.apply_async(_evaluate_in_worker, (cfg, cost), callback=self._done.put,
                                error_callback=lambda exc, c=cfg: self._done.put((c, None, repr(exc))))
 
     def next_result(self) -> tuple:
@@ -126,8 +132,8 @@ class RayBackend:
         self._job = (ray.put(model), ray.put(hardware), seq_len)
         self._pending: list = []
 
-    def submit(self, cfg: Config) -> None:
-        self._pending.append(self._task.remote(*self._job, cfg))
+    def submit(self, cfg: Config, cost: CostChoice) -> None:
+        self._pending.append(self._task.remote(*self._job, cfg, cost))
 
     def next_result(self) -> tuple:
         ready, self._pending = self._ray.wait(self._pending, num_returns=1)

@@ -11,9 +11,11 @@ them never drops a configuration the simulator would have kept (tests/test_plan.
   rest at the end of W; the rank's compute stream runs its actions in order, so the running sum
   after each action is reached in the timeline. An overlapped F&B pair is counted after both its
   halves (its interior may go higher, never lower than both ends).
-* **step time** of rank r: ``head_r + busy_r + max(tail_r, optimizer_r)``. ``busy_r`` sums the
+* **step time** of rank r: ``head_r + busy_r - tp_r + max(tail_r, optimizer_r)``. ``busy_r`` sums the
   compute of its actions (plus, outside pairs and MoE steps, the TP collectives the next action
   waits for, and the per-action overhead); a pair costs ``overlap_compute_factor x (F + B)``.
+  No action waits for the last action's TP collectives (the optimizer step runs beside them), so
+  ``tp_r``, the most TP seconds of any one action of the rank, is taken off.
   ``head_r``: a rank's first action is a forward, which needs the forwards of the stages before it
   on that microbatch's path (the 1F1B warm-up, Narayanan et al. 2021 §2.2: the ``(p-1)·t_f`` of
   the bubble). ``tail_r`` (schedules without split backward only): after the rank's last B the
@@ -24,7 +26,8 @@ them never drops a configuration the simulator would have kept (tests/test_plan.
 
 Before any schedule is generated a cheaper bound orders the search: every microbatch passes every
 chunk once, so some rank computes at least the mean, ``m · Σ_c (F_c + B_c) / p``; every chunk is
-held by some rank, so some rank holds at least ``Σ_c static_c / p``.
+held by some rank, so some rank holds at least ``Σ_c static_c / p`` (the largest TP collective of
+one action is taken off, as above).
 """
 
 from __future__ import annotations
@@ -64,14 +67,21 @@ class RankShape:
 _DELTA = {"F": (1, 0), "B": (-1, 0), "I": (-1, 1), "W": (0, -1)}  # (activation, W-share) units
 
 
-def shape_microbatches(microbatches: int, ranks: int) -> int:
+def shape_microbatches(microbatches: int, ranks: int, paired: bool = False) -> int:
     """Microbatches of the schedule the bounds read for a step of ``microbatches``: all of them up
     to ``4 x ranks``, else ``4 x ranks`` plus the remainder modulo ``2 x ranks`` (the warm-up,
     cool-down and the schedules' divisibility rules are kept; steady-state rounds add nothing to
     the in-flight peak, and their action counts are scaled back up by :func:`schedule_shape`).
-    tests/test_plan_bounds.py checks that the capped bounds stay below the full ones."""
+    tests/test_plan_bounds.py checks that the capped bounds stay below the full ones.
+
+    A schedule of overlapped F&B pairs (``paired``: DualPipe, DualPipeV) is not capped: its steady
+    state is all pairs, whose TP collectives hide behind the other half, so scaling a capped
+    schedule's counts would price too many unpaired actions, TP included, and could exceed the step.
+    """
     cap = 4 * ranks
-    return microbatches if microbatches <= cap else cap + (microbatches - cap) % (2 * ranks)
+    if paired or microbatches <= cap:
+        return microbatches
+    return cap + (microbatches - cap) % (2 * ranks)
 
 
 def scale_shape(shapes: tuple[RankShape, ...], factor: float) -> tuple[RankShape, ...]:
@@ -132,30 +142,35 @@ def memory_bound(shapes: tuple[RankShape, ...], costs: StageCosts) -> float:
     return worst
 
 
-def _action_s(costs: StageCosts, topology: Topology, kind: str, chunk: int, paired: bool) -> float:
-    """Seconds an action surely keeps its rank's compute stream busy. TP collectives are priced for
-    pipeline rank 0, whose TP group (GPUs 0 .. tp-1) has the fastest route."""
+def _action_times(costs: StageCosts, topology: Topology, kind: str, chunk: int, paired: bool) -> tuple[float, float]:
+    """``(busy, tp)``: seconds an action surely keeps its rank's compute stream busy, and of those
+    the TP collectives the action after it waits for (none in a pair or an MoE step). TP
+    collectives are priced for pipeline rank 0, whose TP group (GPUs 0 .. tp-1) has the fastest route."""
     hardware = topology.hardware
     c = costs.chunks[chunk]
     compute = {"F": c.forward_s, "B": c.backward_s, "I": c.backward_input_s, "W": c.backward_weight_s}[kind]
     if paired:
-        return compute * hardware.overlap_compute_factor + hardware.action_overhead_s
+        return compute * hardware.overlap_compute_factor + hardware.action_overhead_s, 0.0
     tp = 0.0 if c.moe is not None else tp_seconds(c, kind, topology, 0)
-    return compute + tp + hardware.action_overhead_s
+    return compute + tp + hardware.action_overhead_s, tp
 
 
 def step_bound(shapes: tuple[RankShape, ...], costs: StageCosts, topology: Topology) -> float:
     """Lower bound of the simulated step time (seconds): the max over ranks of
-    ``head + busy + max(tail, optimizer)`` (module docstring)."""
+    ``head + busy - tp + max(tail, optimizer)`` (module docstring)."""
     paired_any = any(p for sh in shapes for (_k, _c, p) in sh.counts)
-    fwd = [_action_s(costs, topology, "F", c, paired_any) for c in range(len(costs.chunks))]
-    bwd = [_action_s(costs, topology, "B", c, paired_any) for c in range(len(costs.chunks))]
+    chunks = range(len(costs.chunks))
+    keys = {k for sh in shapes for k in sh.counts} | {(kind, c, paired_any) for kind in "FB" for c in chunks}
+    times = {k: _action_times(costs, topology, *k) for k in keys}
+    fwd = [times[("F", c, paired_any)][0] for c in chunks]
+    bwd = [times[("B", c, paired_any)][0] for c in chunks]
     best = 0.0
     for sh in shapes:
-        busy = sum(n * _action_s(costs, topology, k, c, p) for (k, c, p), n in sh.counts.items())
+        busy = sum(n * times[k][0] for k, n in sh.counts.items())
+        last_tp = max((times[k][1] for k, n in sh.counts.items() if n), default=0.0)
         head = min((sum(fwd[c] for c in h) for h in sh.heads), default=0.0)
         tail = min((sum(bwd[c] for c in t) for t in sh.tails), default=0.0)
-        best = max(best, head + busy + max(tail, costs.optimizer_s(sh.chunks)))
+        best = max(best, head + busy - last_tp + max(tail, costs.optimizer_s(sh.chunks)))
     return best
 
 
@@ -169,6 +184,8 @@ class MeanBounds:
         static_bytes: static bytes of all parameters.
         min_work_s, min_optimizer_s: the same for the cheapest single layer.
         layers: transformer layers.
+        tp_s: the most TP seconds of one action (F or B of a chunk), which the last action of a
+            rank need not wait for (:func:`step_bound`).
     """
 
     work_s: float
@@ -177,27 +194,39 @@ class MeanBounds:
     min_work_s: float
     min_optimizer_s: float
     layers: int
+    tp_s: float = 0.0
 
 
 def mean_bounds(costs: StageCosts, topology: Topology, paired: bool) -> MeanBounds:
     """Sum ``costs`` (one layer per chunk) for the schedule-free bounds; ``paired``: the schedule
     overlaps F&B pairs (compute x ``overlap_compute_factor``, TP hidden)."""
-    per = [_action_s(costs, topology, "F", c, paired) + _action_s(costs, topology, "B", c, paired)
-           for c in range(len(costs.chunks))]
+    times = [(_action_times(costs, topology, "F", c, paired), _action_times(costs, topology, "B", c, paired))
+             for c in range(len(costs.chunks))]
+    per = [f[0] + b[0] for f, b in times]
     opt = [costs.optimizer_s([c]) for c in range(len(costs.chunks))]
+    tp = max(t[1] for pair in times for t in pair)
     return MeanBounds(sum(per), sum(opt), costs.static_bytes(range(len(costs.chunks))), min(per), min(opt),
-                      len(costs.chunks))
+                      len(costs.chunks), tp)
 
 
-def cheap_step_bound(mb: MeanBounds, microbatches: int, ranks: int, copies: bool) -> float:
+def cheap_step_bound(mb: MeanBounds, microbatches: int, ranks: int, copies: bool, chunks: int | None = None) -> float:
     """Lower bound of the step (seconds) before the schedule is known: the ranks' mean of compute
     plus optimizer, and (each layer on one rank: ``copies`` False) the pigeonhole bound that some
-    rank holds at least ``ceil(layers / ranks)`` layers."""
+    rank holds at least ``ceil(layers / ranks)`` layers; less the TP seconds of a rank's last
+    action, which nothing waits for: at most ``ceil(layers / chunks)`` of ``mb``'s entries
+    (:func:`simtrain.costs.split_layers` cuts ``chunks`` chunks as evenly as that).
+
+    Args:
+        mb: :func:`mean_bounds` of one-layer chunks, or of the configuration's own chunks.
+        microbatches, ranks: m and p.
+        copies: a chunk may be held by two ranks (DualPipe).
+        chunks: the configuration's model chunks (None: ``mb.layers``, its entries are the chunks).
+    """
     bound = (microbatches * mb.work_s + mb.optimizer_s) / ranks
     if not copies:
         most = -(-mb.layers // ranks)
         bound = max(bound, most * (microbatches * mb.min_work_s + mb.min_optimizer_s))
-    return bound
+    return bound - -(-mb.layers // (chunks or mb.layers)) * mb.tp_s
 
 
 _SUMMED = ("forward_s", "backward_input_s", "backward_weight_s", "forward_flops",

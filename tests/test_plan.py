@@ -16,6 +16,8 @@ import yaml
 from typer.testing import CliRunner
 
 from simtrain.cli import app
+from simtrain.cost_models import CostChoice
+from simtrain.errors import SimtrainError
 from simtrain.hardware import load_profile
 from simtrain.models import load_model
 from simtrain.parallel import ParallelConfig
@@ -39,13 +41,16 @@ def invoke(*args: str):
 
 
 def _exhaustive_best(req: PlanRequest) -> tuple[float, dict]:
-    """The fastest fitting configuration by simulating every point that can run (no bounds)."""
+    """The fastest fitting configuration by simulating every point that can run (no bounds), with
+    the request's cost model."""
     best = (float("inf"), None)
     for cfg, reason in enumerate_space(req):
         if reason is not None:
             continue
+        par = req.parallel(cfg)
         try:
-            rep = run_schedule(cfg.schedule, req.model, req.hardware, cfg.parallel(req.seq_len)).report
+            runtime = req.cost.runtime(req.model, par, req.hardware)
+            rep = run_schedule(cfg.schedule, req.model, req.hardware, par, runtime=runtime).report
         except Exception:  # noqa: BLE001 - points the generators or the model refuse
             continue
         if rep.fits_in_hbm and (rep.step_time_s, cfg) < best:
@@ -53,10 +58,14 @@ def _exhaustive_best(req: PlanRequest) -> tuple[float, dict]:
     return best
 
 
-def test_branch_and_bound_finds_the_exhaustive_best():
-    """Pruning by the bounds never drops the configuration an exhaustive search would choose."""
+@pytest.mark.parametrize("cost", ["flat", "ops"])
+def test_branch_and_bound_finds_the_exhaustive_best(cost):
+    """Pruning by the bounds never drops the configuration an exhaustive search would choose, under
+    either cost model (the bounds are priced by the model the survivors are simulated with)."""
     req = PlanRequest(load_model("llama3-8b"), load_profile("h100-sxm"), gpus=8, global_batch=16, seq_len=1024,
-                      schedules=("1f1b", "gpipe", "zb-h1"), recompute=("none", "full"), zero_stages=(0,), top=1)
+                      schedules=("1f1b", "gpipe", "zb-h1"), recompute=("none", "full"), zero_stages=(0,), top=1,
+                      cost=CostChoice(cost))
+    assert req.cost.model == cost
     backend = LocalBackend(req.model, req.hardware, req.seq_len, 2)
     try:
         res = search(req, backend)
@@ -98,12 +107,53 @@ def test_gpt_174b_on_384_a100_beats_megatron(tmp_path):
                  "--seq-len", "2048", "--schedules", "1f1b", "--recompute", "full", "--zero-stages", "0",
                  "--max-tp", "8", "--top", "1", "--json", "--out", str(out))
     assert res.exit_code == 0, res.output
-    best = json.loads(res.stdout)["best"]
-    megatron = run_schedule("1f1b", load_model(GPT), load_profile("a100-sxm-80gb"), ParallelConfig(
-        tp=8, pp=12, dp=4, microbatches=384, microbatch_size=1, seq_len=2048, recompute="full")).report
+    data = json.loads(res.stdout)
+    best = data["best"]
+    assert data["cost_model"] == "ops"  # auto: the A100 profile has kernel tables
+    model, hw = load_model(GPT), load_profile("a100-sxm-80gb")
+    par = ParallelConfig(tp=8, pp=12, dp=4, microbatches=384, microbatch_size=1, seq_len=2048, recompute="full")
+    megatron = run_schedule("1f1b", model, hw, par, runtime=CostChoice("ops").runtime(model, par, hw)).report
     assert best["fits_in_hbm"] and best["step_time_s"] <= megatron.step_time_s
     text = out.read_text()
     assert "Pareto front" in text and "timeline" in text and "simtrain-manifest" in text
+
+
+@pytest.mark.parametrize("cost,attention", [("flat", "flash"), ("ops", "flash"), ("ops", "unfused")])
+def test_plan_reports_the_step_time_compare_reports(cost, attention):
+    """Every configuration plan ranks has the step time and peak memory ``simtrain compare`` gives it
+    under the same ``--cost-model`` and ``--attention`` (same runtime hook and parallel settings),
+    and the two cost models disagree on it (the hook is applied)."""
+    # recompute none: unfused attention then stores its score matrices (memory differs from flash)
+    res = invoke("plan", *SMALL, "--recompute", "none", "--top", "3", "--cost-model", cost, "--attention", attention)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["cost_model"] == cost and len(data["top"]) == 3
+    for row in data["top"]:
+        flags = [x for k in ("tp", "pp", "dp", "vp", "microbatches", "microbatch_size", "recompute", "zero_stage")
+                 for x in (f"--{k.replace('_', '-')}", str(row[k]))]
+        runs = {}
+        for model in ("flat", "ops"):
+            cmp = invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--seq-len", "2048",
+                         "--schedules", row["schedule"], *flags, "--cost-model", model, "--attention", attention,
+                         "--json")
+            assert cmp.exit_code == 0, cmp.output
+            runs[model] = json.loads(cmp.stdout)[0]
+        assert row["step_time_s"] == runs[cost]["step_time_s"]
+        assert row["peak_memory_bytes"] == max(runs[cost]["peak_memory_bytes"])
+        assert runs["flat"]["step_time_s"] != pytest.approx(runs["ops"]["step_time_s"], rel=1e-3)
+
+
+def test_request_takes_compares_default_cost_model():
+    """PlanRequest without ``cost`` resolves ``auto`` as compare does: per-operator where the profile
+    has kernel tables, flat elsewhere and for MoE models, and the profile's attention kernel (V100:
+    unfused); operator recompute lists are refused."""
+    dense, moe = load_model("llama3-8b"), load_model("deepseek-v3")
+    for model, hw, expected, kernel in ((dense, "h100-sxm", "ops", "flash"), (dense, "v100-sxm2", "flat", "unfused"),
+                                        (moe, "h800", "flat", "flash")):
+        req = PlanRequest(model, load_profile(hw), gpus=8, global_batch=8)
+        assert (req.cost.model, req.parallel(next(enumerate_space(req))[0]).attention) == (expected, kernel)
+    with pytest.raises(SimtrainError, match="the planner tries none, selective and full"):
+        PlanRequest(dense, load_profile("h100-sxm"), gpus=8, global_batch=8, cost=CostChoice("ops", recompute="norm"))
 
 
 def _tiny_yaml(tmp_path, layers=2, heads=2) -> str:
@@ -115,6 +165,9 @@ def _tiny_yaml(tmp_path, layers=2, heads=2) -> str:
 
 def test_bad_input_is_one_error_line(tmp_path):
     tiny = _tiny_yaml(tmp_path)
+    moe = tmp_path / "moe.yaml"
+    moe.write_text(yaml.safe_dump(dict(yaml.safe_load(Path(tiny).read_text()), name="tiny-moe", moe=dict(
+        num_experts=4, top_k=2, expert_ffn_hidden_size=256))))
     cases = [
         (["--gpus", "7", "--global-batch", "8"], "--gpus 7: cannot be split"),
         (["--gpus", "16", "--global-batch", "7", "--max-tp", "1"], "--global-batch 7: not a multiple of dp x microbatch size"),
@@ -123,8 +176,21 @@ def test_bad_input_is_one_error_line(tmp_path):
         (["--gpus", "4", "--global-batch", "8", "--schedules", "nope"], "unknown schedule 'nope'"),
         (["--gpus", "4", "--global-batch", "8", "--recompute", "some"], "--recompute = 'some'"),
         (["--gpus", "4", "--global-batch", "8", "--objective", "speed"], "--objective = 'speed'"),
+        (["--gpus", "4", "--global-batch", "8", "--cost-model", "fast"],
+         "--cost-model = 'fast': choose auto, flat or ops"),
+        (["--gpus", "4", "--global-batch", "8", "--attention", "sdpa"],
+         "--attention = 'sdpa': choose flash or unfused"),
+        (["--gpus", "4", "--global-batch", "8", "--cost-model", "flat", "--fp8", "gemms"],
+         "--fp8 = 'gemms': needs the per-operator cost model"),
+        (["--gpus", "4", "--global-batch", "8", "--model", moe, "--cost-model", "ops"],
+         "is an MoE model, which the per-operator model does not cover"),
+        (["--gpus", "4", "--global-batch", "8", "--hardware", "v100-sxm2", "--cost-model", "ops"],
+         "the per-operator cost model has kernel tables for"),
+        (["--gpus", "4", "--global-batch", "8", "--hardware", "a100-sxm-80gb", "--fp8", "gemms"],
+         "--fp8 gemms: a100-sxm-80gb (sm_80) has no FP8 GEMM table"),
     ]
     for extra, message in cases:
+        # a later flag wins (--model, --hardware in extra)
         res = invoke("plan", "--model", tiny, "--hardware", "h100-sxm", "--schedules", "1f1b", *extra)
         assert res.exit_code == 2, (extra, res.output)
         lines = res.stderr.strip().splitlines()

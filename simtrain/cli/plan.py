@@ -17,6 +17,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..cost_models import parse_cost_choice
 from ..errors import SimtrainError
 from ..export import check_output_path, write_output
 from ..hardware import GiB, load_profile
@@ -28,6 +29,7 @@ from ..schedules import REGISTRY, split_name
 from .app import app, user_errors
 from .app import err as _err
 from .app import out as _out
+from .compare import _cost_note
 
 
 def _split_list(text: str, flag: str, allowed: list[str]) -> tuple[str, ...]:
@@ -100,6 +102,15 @@ def plan(
     recompute: Annotated[str, typer.Option(help="recompute modes to try: none, selective, full")] = "none,selective,full",
     zero_stages: Annotated[str, typer.Option(help="ZeRO stages to try: 0, 1")] = "0,1",
     top: Annotated[int, typer.Option(help="how many of the best to show (K)", min=1)] = 5,
+    cost_model: Annotated[str, typer.Option(
+        help="compute cost model, as simtrain compare's: auto (ops where the profile has kernel tables, else "
+             "flat), flat (one GEMM efficiency) or ops (per-operator rooflines from kernel tables)")] = "auto",
+    attention: Annotated[Optional[str], typer.Option(
+        help="attention kernel, as simtrain compare's: flash (fused; no score matrix stored) or unfused "
+             "(materialised scores) [default: flash, unfused where the profile has no fused kernel]")] = None,
+    fp8: Annotated[Optional[str], typer.Option(
+        help="gemms: FP8 linear-layer GEMMs, attention and memory-bound kernels in the compute dtype "
+             "(--cost-model ops)")] = None,
     backend: Annotated[str, typer.Option(help="where simulations run: local (process pool) or ray")] = "local",
     workers: Annotated[int, typer.Option(help="simulations at once")] = 2,
     ray_address: Annotated[Optional[str], typer.Option(
@@ -111,11 +122,13 @@ def plan(
     """Search the parallel configurations of N GPUs for the fastest that fits (branch and bound + simulation)."""
     if objective not in ("step-time", "tokens-per-gpu"):
         raise SimtrainError(f"--objective = {objective!r}: choose step-time or tokens-per-gpu")
+    spec, hw = load_model(model), load_profile(hardware)
     req = PlanRequest(
-        model=load_model(model), hardware=load_profile(hardware), gpus=gpus, global_batch=global_batch,
+        model=spec, hardware=hw, gpus=gpus, global_batch=global_batch,
         seq_len=seq_len, schedules=_schedules(schedules), objective=objective, max_tp=max_tp,
         recompute=_split_list(recompute, "--recompute", ["none", "selective", "full"]),
-        zero_stages=tuple(int(z) for z in _split_list(zero_stages, "--zero-stages", ["0", "1"])), top=top)
+        zero_stages=tuple(int(z) for z in _split_list(zero_stages, "--zero-stages", ["0", "1"])), top=top,
+        cost=parse_cost_choice(cost_model, None, fp8, hw.attention_kernel(attention), hw, spec))
     if out_path is not None:
         check_output_path(out_path, "--out", ".html", [Path(p) for p in (model, hardware) if Path(p).is_file()], force)
     runner = make_backend(backend, req.model, req.hardware, seq_len, workers, ray_address)
@@ -138,13 +151,15 @@ def _report(req: PlanRequest, summary: dict, rows: list[dict], out_path: Path | 
     """Print the tables or the JSON object and write the page (the best configuration re-simulated)."""
     gpus, seq_len, global_batch, objective = req.gpus, req.seq_len, req.global_batch, req.objective
     subtitle = (f"{req.model.name} on {gpus} x {req.hardware.name}, global batch {global_batch} x "
-                f"{seq_len or req.model.seq_len} tokens, objective {objective}")
+                f"{seq_len or req.model.seq_len} tokens, objective {objective}" + _cost_note(req.cost))
     if out_path is not None:
         from ..viz import Panel
         from ..viz.plan import write_plan_page
 
         best = summary["best"]
-        cfg_run = run_schedule(best["schedule"], req.model, req.hardware, config_of_row(best).parallel(seq_len))
+        par = req.parallel(config_of_row(best))
+        runtime = req.cost.runtime(req.model, par, req.hardware)
+        cfg_run = run_schedule(best["schedule"], req.model, req.hardware, par, runtime=runtime)
         panel = Panel(cfg_run.report, cfg_run.result.tasks, cfg_run.result.memory)
         write_output(lambda: _atomic_write(out_path, lambda tmp: write_plan_page(
             tmp, summary, rows, panel, req.hardware.hbm_bytes, "simtrain plan", subtitle)), out_path, "--out")

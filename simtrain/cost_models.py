@@ -50,16 +50,19 @@ class CostChoice:
     fp8: str | None = None
     attention: str = "flash"
 
-    def runtime(self, model: ModelSpec, parallel: ParallelConfig,
-                hardware: HardwareProfile) -> Callable[[StageCosts], StageCosts] | None:
-        """The ``runtime`` hook of :func:`simtrain.scenario.run_schedule` (None for ``flat``).
+    def runtime(self, model: ModelSpec, parallel: ParallelConfig, hardware: HardwareProfile,
+                host_bound: bool = True) -> Callable[[StageCosts], StageCosts] | None:
+        """The ``runtime`` hook of :func:`simtrain.scenario.run_schedule` (None for ``flat``);
+        ``host_bound=False`` leaves out the excess of asynchronous kernel launches over the GPU's
+        time (a per-pass maximum, not a sum over layers), for :mod:`simtrain.plan`'s lower bounds.
 
         Raises:
             SimtrainError: as :func:`simtrain.costs.ops.ops_runtime` (e.g. no kernel tables).
         """
         if self.model == "flat":
             return None
-        return costs_ops.ops_runtime(model, parallel, hardware, self.attention, self.recompute, self.fp8)
+        return costs_ops.ops_runtime(model, parallel, hardware, self.attention, self.recompute, self.fp8,
+                                     host_bound)
 
 
 def recompute_modules(recompute: str | None) -> str | None:

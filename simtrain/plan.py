@@ -255,7 +255,7 @@ class _Caches:
         """``costs`` priced for ``parallel()`` by the request's cost model, once per ``costs`` and ``key``."""
         full = ("priced", id(costs), *key)  # costs live in self.costs, so their ids are stable
         if full not in self.costs:
-            runtime = self.req.cost.runtime(self.req.model, parallel(), self.req.hardware)
+            runtime = self.req.cost.runtime(self.req.model, parallel(), self.req.hardware, host_bound=False)
             self.costs[full] = costs if runtime is None else runtime(costs)
         return self.costs[full]
 

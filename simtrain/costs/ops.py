@@ -109,6 +109,7 @@ class _Ctx:
     hbm_bytes_per_s: float
     recompute: frozenset[str] = frozenset()
     gemm_dtype: str | None = None
+    host_bound: bool = True
 
     @property
     def tokens(self) -> int:
@@ -289,6 +290,8 @@ def _launch(ops: list[OpCost], ctx: _Ctx) -> OpCost:
     busy = tuple(sum(o.seconds[p] for o in ops) for p in range(3))
     if ctx.parallel.launch_blocking:
         secs = tuple(k * host for k in kernels)
+    elif not ctx.host_bound:  # a lower bound (simtrain.plan): no excess, so sums over layers stay below
+        secs = (0.0, 0.0, 0.0)
     else:
         secs = tuple(max(0.0, k * host - b) for k, b in zip(kernels, busy))
     return OpCost("launch", (0.0,) * 3, (0.0,) * 3, secs, "host", kernels)
@@ -387,7 +390,8 @@ def parse_recompute(spec: str) -> frozenset[str]:
 
 
 def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwareProfile,
-                attention: str = "flash", recompute: str | None = None, fp8: str | None = None):
+                attention: str = "flash", recompute: str | None = None, fp8: str | None = None,
+                host_bound: bool = True):
     """A ``runtime`` hook for :func:`simtrain.scenario.run_schedule` that replaces each chunk's F,
     I and W seconds by the per-operator sums of :func:`chunk_breakdown`, and adds the gradient
     norm and clipping to the optimizer step.
@@ -400,6 +404,9 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
             follows ``parallel.recompute`` (:mod:`simtrain.costs`).
         fp8: ``gemms`` runs the linear layers' GEMMs at the GPU kind's FP8 rate while attention
             and memory-bound kernels stay in ``parallel.dtype`` (DeepSeek-V3 §3.3); None: no FP8.
+        host_bound: False leaves out the excess of asynchronous kernel launches over the GPU's time
+            (the ``launch`` row's per-pass maximum): what :mod:`simtrain.plan` sums over layers
+            for its lower bounds.
 
     Returns:
         A function StageCosts -> StageCosts. Costs given by ``--op-times`` and MoE models (whose
@@ -422,7 +429,7 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
         raise SimtrainError(f"--fp8 gemms: {hardware.name} ({rates.kind}) has no FP8 GEMM table; "
                             f"it has {sorted(rates.gemm)}")
     ctx = _Ctx(model, parallel, rates, attention, hardware.hbm_bandwidth_bytes_per_s * rates.hbm_efficiency,
-               rerun, "fp8" if fp8 else None)
+               rerun, "fp8" if fp8 else None, host_bound)
     return _apply_with(ctx)
 
 

@@ -248,30 +248,28 @@ def run_suite(runtime: Runtime | None = None, path: Path | None = None,
         if name not in names:
             raise SimtrainError(f"--case {name!r}: not a case of the published suite; choose from {names}")
     rows = []
-    for case in suite.cases:
-        if cases and case.name not in cases:
-            continue
-        hw = _hardware_of(case.hardware)
-        for i, fig in enumerate(case.figures):
-            where = f"published case {case.name} figure {i + 1} ({fig.label or fig.metric})"
-            model = _model_of(case, fig, where)
-            parallel = _parallel_of(case, fig, where)
+    for case, fig, where in _figures(suite.cases + suite.network, cases):
+        if isinstance(case, NetworkCaseFile):
+            predicted = _predict_network(fig, load_profile(case.hardware), where) / GB
+        else:
+            hw, model, parallel = _hardware_of(case.hardware), _model_of(case, fig, where), _parallel_of(case, fig, where)
             try:
                 adjust = runtime(model, parallel, hw, case.attention, fig.recompute_ops) if runtime else None
                 run = run_schedule(fig.schedule or case.schedule, model, hw, parallel, runtime=adjust)
             except SimtrainError as exc:
                 raise SimtrainError(f"{where}: {exc}") from None
             predicted = _predict(fig.metric, run, model, parallel, hw, case, fig)
-            rows.append(Row(case.name, fig.label, fig.metric, fig.value, predicted, predicted / fig.value - 1))
-    for case in suite.network:
-        if cases and case.name not in cases:
-            continue
-        hw = load_profile(case.hardware)
-        for i, fig in enumerate(case.figures):
-            where = f"published case {case.name} figure {i + 1} ({fig.label or fig.metric})"
-            predicted = _predict_network(fig, hw, where) / GB
-            rows.append(Row(case.name, fig.label, fig.metric, fig.value, predicted, predicted / fig.value - 1))
+        rows.append(Row(case.name, fig.label, fig.metric, fig.value, predicted, predicted / fig.value - 1))
     return rows
+
+
+def _figures(suite_cases: list, only: list[str] | None):
+    """``(case, figure, where)`` for every figure of ``suite_cases`` (of the cases ``only`` names)."""
+    for case in suite_cases:
+        if only and case.name not in only:
+            continue
+        for i, fig in enumerate(case.figures):
+            yield case, fig, f"published case {case.name} figure {i + 1} ({fig.label or fig.metric})"
 
 
 def _predict_network(fig: NetworkFigureFile, hw: HardwareProfile, where: str) -> float:

@@ -200,6 +200,7 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
         if not moe and getattr(parallel, field) != getattr(defaults, field):
             why = (f"{model.name} has no experts" if model.moe is None else "it needs expert parallelism (--ep > 1)")
             _not_applicable(f"--{field.replace('_', '-')}", field in given, f"applies to MoE all-to-all only, and {why}")
+    _check_settings_apply(names, parallel, given)
     for name in [n for n, _ in bases if n in _EP_PAIRED] if not moe else []:
         _warn(f"{name}: Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm) needs expert "
               f"parallelism, and {model.name} " + ("has no experts" if model.moe is None else "runs with --ep 1")
@@ -223,6 +224,20 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
         _warn(f"--tp {parallel.tp} > the {model.kv_heads} KV heads of {model.name}: each KV head is replicated on "
               f"{parallel.tp // model.kv_heads} GPUs (Megatron-LM), while simtrain divides the K/V projections by "
               "tp, so their FLOPs and memory are underestimated")
+
+
+def _check_settings_apply(names: list[str], parallel: ParallelConfig, given: set[str]) -> None:
+    """The settings of TP overlap, offload, split-backward buffers and the DP reduction that
+    would change nothing: an error when typed, a warning in a scenario file (:func:`_not_applicable`)."""
+    if parallel.tp_overlap and parallel.tp == 1:
+        _not_applicable("--tp-overlap", "tp_overlap" in given, "there are no TP collectives to hide with --tp 1")
+    if parallel.offload_fraction > 0 and parallel.forward_only:
+        _not_applicable("--offload", "offload" in given, "a forward-only step keeps no activations for a backward")
+    if parallel.w_pending != "gemm-io" and names and not any(split_name(n)[0] in _SPLIT_BACKWARD for n in names):
+        _not_applicable("--w-pending", "w_pending" in given, f"none of {', '.join(names)} splits the backward "
+                        "into I and W, so nothing waits for a W")
+    if parallel.grad_reduce_op is not None and parallel.dp == 1:
+        _not_applicable("--grad-reduce-op", "grad_reduce_op" in given, "there is no DP gradient reduction with --dp 1")
 
 
 def _warn(message: str) -> None:

@@ -91,3 +91,26 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
                          activations=dynamic - pending - temp, w_pending=pending, comm_buffers=0.0,
                          allocator_reserve=ALLOCATOR_RESERVE_FRACTION * peak))
     return rows
+
+
+def offloaded_at_peak(result: Trace) -> list[float]:
+    """Per rank (in rank order), the activation bytes on the host at the first instant of the
+    rank's memory peak: offload copies ended by then whose reload has not started
+    (:mod:`simtrain.lowering.offload`); 0 without offload. A rank whose value is 0 while offload
+    is on did not have its peak lowered by it."""
+    cols, mem = result.columns, result.memory_columns
+    ranks = sorted(set(int(r) for r in mem["rank"]))
+    copies = np.flatnonzero(cols["kind"] == "offload")
+    out = []
+    for rank in ranks:
+        where = np.flatnonzero(mem["rank"] == rank)
+        t = float(mem["time_s"][where[np.argmax(mem["bytes"][where])]])
+        held: dict[tuple[float, float], float] = {}
+        for i in copies[cols["rank"][copies] == rank]:
+            key = (float(cols["stage"][i]), float(cols["microbatch"][i]))
+            if cols["name"][i].startswith("offload") and cols["end_s"][i] <= t:
+                held[key] = held.get(key, 0.0) + float(cols["bytes"][i])
+            elif cols["name"][i].startswith("reload") and cols["start_s"][i] <= t:
+                held[key] = held.get(key, 0.0) - float(cols["bytes"][i])
+        out.append(max(0.0, sum(held.values())))
+    return out

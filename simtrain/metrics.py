@@ -25,6 +25,9 @@ Definitions (sources use different ones; these are simtrain's):
   ``exposed_comm_s`` is the mean over ranks.
 * **overlap ratio**: ``1 - exposed / total communication time`` (summed over ranks; None when
   there is no communication).
+* Host copies of activation offload (kind ``offload``, :mod:`simtrain.lowering.offload`) are not
+  communication between GPUs: they count in neither of the two above. A backward that waits for
+  its reload is idle time of its rank (bubble), and the step time shows the cost.
 * **peak memory** per rank: the maximum of its memory timeline (static + activations).
 * **peak in-flight microbatches** per rank: the most (stage, microbatch) activations held at once,
   an activation counting from the start of its F to the end of the backward that frees its input
@@ -205,7 +208,7 @@ def _per_rank(cols: dict[str, np.ndarray], ranks: np.ndarray) -> dict[str, list[
     they are measured (see the module docstring)."""
     rank, peer, start, end = cols["rank"], cols["peer"], cols["start_s"], cols["end_s"]
     compute = cols["category"] == "compute"
-    comm = cols["category"] == "comm"
+    comm = (cols["category"] == "comm") & (cols["kind"] != "offload")  # host copies are not GPU communication
     to_peer = comm & ~np.isnan(peer)
     to_peer[to_peer] = peer[to_peer] != rank[to_peer]  # a transfer to itself involves its rank once
     owner = np.concatenate((rank[comm], peer[to_peer].astype(np.int64)))

@@ -285,6 +285,10 @@ class ParallelConfig(NumbersNotBooleans):
         if self.grad_reduce_op == "all-reduce" and self.zero_stage >= 2:
             raise ValueError(f"grad_reduce_op 'all-reduce' with zero_stage {self.zero_stage}: ZeRO-2/3 shard the "
                              "gradients, which needs reduce-scatter (or choose zero_stage 0 or 1)")
+        if self.grad_reduce_op == "reduce-scatter" and self.zero_stage == 0:
+            raise ValueError("grad_reduce_op 'reduce-scatter' with zero_stage 0: a reduce-scatter leaves each rank "
+                             "1/dp of the gradient, which only a sharded optimizer can step (choose zero_stage >= 1, "
+                             "or grad_reduce_op 'all-reduce')")
         if self.p2p_mode == "blocking" and self.zero_stage >= 2:
             raise ValueError(f"p2p_mode 'blocking' with zero_stage {self.zero_stage}: DeepSpeed's pipeline engine "
                              "runs ZeRO stage 0 or 1 only (choose zero_stage 0 or 1, or p2p_mode 'async')")

@@ -85,7 +85,8 @@ def per_rank_reference(result: Trace) -> dict:
     for r in ranks:
         comp = trace[(trace["rank"] == r) & (trace["category"] == "compute")]
         comp_iv = _union(comp[["start_s", "end_s"]].to_numpy(dtype=float))
-        involved = (trace["category"] == "comm") & ((trace["rank"] == r) | (trace["peer"] == r))
+        involved = ((trace["category"] == "comm") & (trace["kind"] != "offload")
+                    & ((trace["rank"] == r) | (trace["peer"] == r)))
         comm_iv = _union(trace.loc[involved, ["start_s", "end_s"]].to_numpy(dtype=float))
         out["busy"].append(_length(comp_iv))
         out["comm"].append(_length(comm_iv))

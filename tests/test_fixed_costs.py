@@ -164,3 +164,21 @@ def test_a_published_cases_inter_node_efficiency_is_used():
     slow = _hardware_of(HardwareRef(profile="a100-sxm-80gb", inter_node={**link, "efficiency": 0.5}))
     assert default.inter_node.achieved_efficiency == load_profile("a100-sxm-80gb").inter_node.achieved_efficiency
     assert slow.inter_node.achieved_efficiency == 0.5
+
+
+def test_an_fp32_accumulation_buffer_is_the_kept_gradient():
+    """grad_reduce_dtype fp32 keeps 4-byte gradients (Megatron's fp32 main_grad) under ZeRO 0-2;
+    ZeRO-3's sharded gradient belongs to the fp32 master copy already counted."""
+    from simtrain.costs import stage_costs
+    from simtrain.models import load_model
+
+    m, h = load_model("llama3-8b"), load_profile("h100-sxm")
+    for zero, ratio in ((0, 2.0), (1, 2.0), (2, 2.0), (3, 1.0)):
+        parts = [stage_costs(m, ParallelConfig(dp=4, pp=2, zero_stage=zero, grad_reduce_dtype=g), h, 2)
+                 .static_parts_per_param for g in (None, "fp32")]
+        assert parts[1][1] == pytest.approx(ratio * parts[0][1]) and parts[1][0] == parts[0][0]
+
+
+def test_a_reduce_scatter_without_a_sharded_optimizer_is_refused():
+    with pytest.raises(ValueError, match="grad_reduce_op 'reduce-scatter' with zero_stage 0"):
+        ParallelConfig(dp=2, grad_reduce_op="reduce-scatter")

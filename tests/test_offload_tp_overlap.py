@@ -5,6 +5,7 @@ formula, the lanes of the dashboard and the error lines of impossible values."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -211,3 +212,43 @@ def test_a_tp_overlap_fraction_without_tp_overlap_is_refused():
     res = invoke("compare", "--tp-overlap-fraction", "0.5", "--json")
     assert res.exit_code == 2 and res.output.count("error:") == 1
     assert "tp_overlap_fraction applies only with tp_overlap (--tp-overlap)" in res.output
+
+
+def test_host_copies_are_not_gpu_communication_in_the_metrics():
+    """Offload copies made in a bubble change neither the bubble, the exposed communication nor
+    the overlap ratio (they are not GPU-to-GPU communication); the step time carries their cost."""
+    from conftest import SMALL, invoke
+
+    rows = [json.loads(invoke("compare", *SMALL, "--schedules", "1f1b", "--json", *extra).stdout)[0]
+            for extra in ((), ("--offload", "activations=0.25"))]
+    assert rows[1]["step_time_s"] == rows[0]["step_time_s"]  # copies hidden
+    assert max(rows[1]["peak_memory_bytes"]) < max(rows[0]["peak_memory_bytes"])
+    for key in ("bubble_ratio", "idle_ratio", "exposed_comm_s", "overlap_ratio"):
+        assert rows[1][key] == pytest.approx(rows[0][key]), key
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--tp-overlap", "--tp", "1"), "--tp-overlap: there are no TP collectives to hide with --tp 1"),
+    (("--offload", "activations", "--forward-only"), "--offload: a forward-only step keeps no activations"),
+])
+def test_settings_that_change_nothing_are_refused_on_the_command_line(args, message):
+    from conftest import SMALL, invoke
+
+    res = invoke("compare", *SMALL, "--schedules", "1f1b", "--json", *args)
+    assert res.exit_code == 2 and res.output.count("error:") == 1 and message in res.output, res.output
+
+
+def test_an_offload_that_lowers_no_peak_is_warned_about():
+    """SMALL at FRACTION 0.5 keeps its no-offload peak (the copies end too late): a warning says
+    so; at 0.25 the peak drops and nothing is said."""
+    from conftest import SMALL, invoke
+
+    def run(fraction):
+        res = invoke("compare", *SMALL, "--schedules", "1f1b", "--json", "--offload", f"activations={fraction}")
+        return res, json.loads(res.stdout)[0]
+
+    base = json.loads(invoke("compare", *SMALL, "--schedules", "1f1b", "--json").stdout)[0]
+    (quiet, low), (loud, same) = run(0.25), run(0.5)
+    assert max(low["peak_memory_bytes"]) < max(base["peak_memory_bytes"]) and "warning: --offload" not in quiet.output
+    assert max(same["peak_memory_bytes"]) == max(base["peak_memory_bytes"])
+    assert "warning: --offload activations=0.5: 1f1b's highest peak" in loud.output

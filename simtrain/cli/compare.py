@@ -164,6 +164,7 @@ def compare(
         for label, path in zip(("dashboard", "trace", "csv"), outputs):
             if path is not None:
                 out.print(f"{label}: {path}")
+    _check_offload(runs, plan.parallel)
     _check_fit(reports)
 
 
@@ -377,6 +378,24 @@ def _print_summary(reports: list[Report], subtitle: str) -> None:
     for r in reports:
         table.add_row(*(c.terminal(r) for c in cols))
     out.print(table)
+
+
+def _check_offload(runs: list[ScheduleRun], parallel: ParallelConfig) -> None:
+    """Warn (stderr) where activation offload is on but did not lower a schedule's highest peak:
+    at that instant none of the rank's activations was on the host (the copies are too slow, or
+    the peak falls where nothing can be offloaded)."""
+    if parallel.offload_fraction <= 0 or parallel.forward_only:
+        return
+    from ..memory import offloaded_at_peak
+
+    for run in runs:
+        peaks = run.report.peak_memory_bytes
+        worst = max(range(len(peaks)), key=lambda i: peaks[i])
+        if offloaded_at_peak(run.result)[worst] <= 0:
+            err.print(f"warning: --offload {parallel.offload}: {run.report.schedule}'s highest peak (rank {worst}, "
+                      f"{peaks[worst] / GiB:.1f} GiB) is not lowered: no activation of that rank is on the host "
+                      "then (its copies do not end before the reloads start, or the peak holds only activations "
+                      "needed soon); a smaller FRACTION may help", markup=False, highlight=False, soft_wrap=True)
 
 
 def _check_fit(reports) -> None:

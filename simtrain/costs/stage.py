@@ -305,18 +305,19 @@ def stage_costs(
     optimizer_rate = hardware.optimizer_bytes_per_s or hardware.hbm_bandwidth_bytes_per_s
     shard = parallel.dp_cp if parallel.zero_stage >= 1 else 1
     expert_shard = parallel.expert_dp if parallel.zero_stage >= 1 else 1
+    kept = _reduce_bytes(parallel)  # an fp32 accumulation buffer is the kept gradient
     return StageCosts(
         chunks=tuple(chunks),
-        static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard),
+        static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard, kept),
         grad_bytes_per_param=weight_bytes,
-        static_parts_per_param=static_parts_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard),
+        static_parts_per_param=static_parts_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard, kept),
         # torch's foreach Adam: an fp32 sqrt(exp_avg_sq) per (sharded) parameter while it steps
         optimizer_temp_bytes_per_param=4.0 / shard if parallel.optimizer_impl == "foreach" else 0.0,
         optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / shard / optimizer_rate,
         tokens_per_microbatch=tokens * parallel.cp,
         frozen_static_bytes_per_param=weight_bytes / (shard if parallel.zero_stage >= 3 else 1),
         expert_static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage,
-                                                             expert_shard),
+                                                             expert_shard, kept),
         expert_optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / expert_shard / optimizer_rate,
         tied_embedding_params=model.vocab_size * model.hidden_size / tp
         if model.tied_embeddings and num_chunks > 1 else 0.0,

@@ -17,7 +17,7 @@ or a calibrated profile's measured optimizer rate (``compute.optimizer_gb_per_s`
 
 
 def static_parts_per_param(weight_bytes: float, optimizer_bytes: float, zero_stage: int,
-                           shard: int) -> tuple[float, float, float]:
+                           shard: int, grad_bytes: float | None = None) -> tuple[float, float, float]:
     """HBM bytes per parameter of (the parameter, its gradient, its optimizer states).
 
     Rajbhandari et al. 2020, "ZeRO", §5.1-5.3 (Figure 1): with ``Psi`` parameters, a 16-bit
@@ -31,20 +31,27 @@ def static_parts_per_param(weight_bytes: float, optimizer_bytes: float, zero_sta
         optimizer_bytes: optimizer bytes per parameter (K; 12 for mixed-precision Adam).
         zero_stage: 0 to 3.
         shard: GPUs the sharded states are split over (the DP degree, or expert-DP).
+        grad_bytes: bytes of the kept gradient when it is wider than the parameter (an fp32
+            accumulation buffer, ``ParallelConfig.grad_reduce_dtype``: Megatron-LM's fp32
+            ``main_grad``; DeepSpeed's BF16_Optimizer also keeps the 16-bit gradient, not
+            counted); None: ``weight_bytes``. Not under ZeRO-3, whose sharded gradient
+            belongs to the fp32 master parameter the optimizer bytes already count.
 
     Returns:
         ``(parameter, gradient, optimizer)`` bytes per parameter.
     """
     n = shard if zero_stage >= 1 else 1
     params = weight_bytes / n if zero_stage >= 3 else weight_bytes
-    grads = weight_bytes / n if zero_stage >= 2 else weight_bytes
+    kept = weight_bytes if grad_bytes is None or zero_stage >= 3 else max(grad_bytes, weight_bytes)
+    grads = kept / n if zero_stage >= 2 else kept
     return params, grads, optimizer_bytes / n
 
 
-def static_bytes_per_param(weight_bytes: float, optimizer_bytes: float, zero_stage: int, shard: int) -> float:
+def static_bytes_per_param(weight_bytes: float, optimizer_bytes: float, zero_stage: int, shard: int,
+                           grad_bytes: float | None = None) -> float:
     """The sum of :func:`static_parts_per_param`: parameter + gradient + optimizer bytes per
     parameter (same arguments)."""
-    return sum(static_parts_per_param(weight_bytes, optimizer_bytes, zero_stage, shard))
+    return sum(static_parts_per_param(weight_bytes, optimizer_bytes, zero_stage, shard, grad_bytes))
 
 
 def grad_accumulate_bytes_per_param(weight_bytes: int, reduce_bytes: int | None, microbatches: int) -> float:

@@ -44,7 +44,7 @@ _SPLIT_BACKWARD = {"interleaved-zb", "zb-h1", "zb-h2", "zbv", "dualpipe", "dualp
 """Schedules whose backward is split into I and W (three actions per stage and microbatch)."""
 PAIRED = frozenset({"dualpipe", "dualpipev", "1f1b-overlap", "interleaved-1f1b-overlap"})
 """Schedules with overlapped F&B pairs, lowered layer by layer (simtrain.lowering)."""
-_EP_PAIRED = frozenset({"1f1b-overlap", "interleaved-1f1b-overlap"})
+EP_PAIRED = frozenset({"1f1b-overlap", "interleaved-1f1b-overlap"})
 """Paired schedules whose reference runs them only with expert parallelism (Megatron-Core's
 combined 1F1B: ``TransformerConfig`` asserts ``expert_model_parallel_size > 1``)."""
 
@@ -201,7 +201,7 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
             why = (f"{model.name} has no experts" if model.moe is None else "it needs expert parallelism (--ep > 1)")
             _not_applicable(f"--{field.replace('_', '-')}", field in given, f"applies to MoE all-to-all only, and {why}")
     _check_settings_apply(names, parallel, given)
-    for name in [n for n, _ in bases if n in _EP_PAIRED] if not moe else []:
+    for name in [n for n, _ in bases if n in EP_PAIRED] if not moe else []:
         _warn(f"{name}: Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm) needs expert "
               f"parallelism, and {model.name} " + ("has no experts" if model.moe is None else "runs with --ep 1")
               + ": there is no all-to-all to hide; its F&B pairs are lowered as DualPipe's (layer by layer, "

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
-from .checks import PAIRED
+from .checks import EP_PAIRED, PAIRED
 from .cost_models import CostChoice, parse_cost_choice
 from .costs import StageCosts, split_layers, stage_costs
 from .errors import SimtrainError
@@ -43,11 +43,11 @@ VIRTUAL_STAGES = (2, 3, 4, 6, 8)
 
 REASONS = ("batch_divisibility", "redundant", "model_rules", "schedule_rules", "static_memory",
            "activation_memory", "step_time_bound", "simulation_error")
-"""Why a configuration was not simulated, in the order they are tried: the global batch is not
-``dp x b x m``; ZeRO-1 over one replica repeats ZeRO-0; the model cannot be split so (heads, layers,
-experts); the schedule's generator refuses (pp, m, vp); static memory or static + in-flight
-activations exceed HBM (analytic bound); the step-time lower bound cannot beat the K-th best found;
-the simulation failed (e.g. deadlock)."""
+"""Why a configuration was not simulated, in the order tried: the global batch is not ``dp x b x m``; redundant
+(ZeRO-1 over one replica is ZeRO-0, interleaving on one pipeline rank runs its chunks in turn, Megatron's combined
+1F1B without EP has nothing to overlap); the model cannot be split so (heads, layers, experts); the schedule's
+generator refuses (pp, m, vp); static or static + in-flight activation memory exceeds HBM (analytic bound); the
+step-time lower bound cannot beat the K-th best found; the simulation failed (e.g. deadlock)."""
 
 Objective = Literal["step-time", "tokens-per-gpu"]
 
@@ -170,7 +170,8 @@ def enumerate_space(req: PlanRequest) -> Iterator[tuple[Config, str | None]]:
                                         cfg = Config(tp, pp, dp, ep, vp, name, b, m if not rest else 0, rc, z)
                                         if rest or m == 0:
                                             yield cfg, "batch_divisibility"
-                                        elif z == 1 and dp == 1 and (moe is None or ep == tp):
+                                        elif (z == 1 and dp == 1 and (moe is None or ep == tp)) or (vp > 1 and pp == 1) \
+                                                or (ep == 1 and name.split("+")[0] in EP_PAIRED):
                                             yield cfg, "redundant"
                                         else:
                                             yield cfg, None

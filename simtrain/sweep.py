@@ -76,6 +76,8 @@ def parse_sweep(text: str, flag: str = "--sweep") -> SweepSpec:
     where = f"{flag} = {text!r}"
     if not sep:
         raise SimtrainError(f"{where}: expected FIELD=V1,V2,..., e.g. microbatches=8,16,32")
+    if field.strip() not in SWEEPABLE:  # before the values, which only a sweepable field gives meaning
+        raise SimtrainError(f"{where}: cannot sweep '{field.strip()}'; choose one of {list(SWEEPABLE)}")
     values: list = []
     for part in rest.split(","):
         part = part.strip()

@@ -22,6 +22,7 @@ from .metrics import Report as _MetricsReport
 from .models import ModelSpec
 from .models import load_model as _load_model
 from .parallel import ParallelConfig
+from .checks import check_applicable
 from .cost_models import hfu, parse_cost_choice
 from .scenario import ScheduleRun, run_schedule
 from .schedules import split_name
@@ -158,8 +159,9 @@ def compare(
         A :class:`Comparison` (a list of :class:`Report`).
 
     Raises:
-        SimtrainError: bad input, an unknown schedule, or a configuration that cannot run
-            (static memory over HBM, a model/parallel mismatch).
+        SimtrainError: bad input, an unknown schedule, a setting that applies to none of the
+            schedules (e.g. ``vp`` without an interleaved one, as the CLI refuses), or a
+            configuration that cannot run (static memory over HBM, a model/parallel mismatch).
     """
     spec, hw, config = _inputs(model, hardware, dict(
         tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
@@ -168,6 +170,9 @@ def compare(
         schedules = [schedules]
     for name in schedules:
         split_name(name)
+    given = {k for k, v in dict(tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches,
+                               microbatch_size=microbatch_size, seq_len=seq_len, **options).items() if v is not None}
+    check_applicable(list(schedules), spec, hw, config, given)  # as the CLI: a setting that changes nothing is refused
     choice = parse_cost_choice(cost_model, None, None, hw.attention_kernel(config.attention), hw, spec)
     runtime = choice.runtime(spec, config, hw)
     runs = [run_schedule(name, spec, hw, config, op_times=op_times, comm=comm, runtime=runtime) for name in schedules]

@@ -81,3 +81,9 @@ def test_the_example_runs(tmp_path):
     assert "fastest:" in res.stdout
     page = (tmp_path / "compare_schedules.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "<title>Llama 3 70B on 64 H100s</title>" in page
+
+
+def test_a_setting_that_applies_to_no_schedule_is_refused_as_on_the_cli():
+    """simulate(vp=5) with 1F1B changes nothing: refused, as `compare --vp 5 --schedules 1f1b`."""
+    with pytest.raises(simtrain.SimtrainError, match="--vp: none of 1f1b has virtual stages"):
+        simtrain.simulate("llama3-8b", "h100-sxm", schedule="1f1b", vp=5)

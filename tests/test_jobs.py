@@ -49,9 +49,10 @@ def test_torchtitan_job_maps_model_and_parallel():
     job = read_torchtitan_toml(JOBS / "torchtitan_llama3_70b.toml", dp=4)
     assert job.model.name == "llama3-70b"
     assert job.parallel == dict(tp=8, pp=4, dp=4, vp=2, ep=1, microbatch_size=1, microbatches=8, seq_len=8192,
-                                dtype="bf16", zero_stage=1, recompute="full")
+                                dtype="bf16", zero_stage=2, recompute="full", cp=1, cp_kind="allgather",
+                                grad_reduce_dtype="fp32")  # FSDP2 with PP; torchtitan reduces in float32
     assert job.schedules == ["interleaved-1f1b"]  # torch's Interleaved1F1B
-    assert any("ZeRO-3" in note for note in job.ignored) and "training.steps" in job.ignored
+    assert any("ZeRO-2" in note for note in job.ignored) and "training.steps" in job.ignored
     assert not any(k.startswith("optimizer.") for k in job.ignored)  # never changes a step's cost
 
 
@@ -81,3 +82,17 @@ def test_compare_runs_an_imported_job(flag, path):
     assert row["schedule"] == "interleaved-1f1b" and row["gpus"] == 8 * 4 * 2
     again = runner.invoke(app, ["compare", flag, str(JOBS / path), "--model", "llama3-8b", "--hardware", "h100-sxm"])
     assert again.exit_code == 2 and "drop the scenario file and --model" in again.output
+
+
+
+def test_torchtitan_fsdp_without_pp_is_zero3_and_cp_is_mapped(tmp_path):
+    """FSDP2 alone re-shards after each forward (ZeRO-3); CP's rotate method picks the CP kind."""
+    text = (JOBS / "torchtitan_llama3_70b.toml").read_text()
+    text = text.replace("pipeline_parallel_degree = 4", "pipeline_parallel_degree = 1")
+    text = text.replace("context_parallel_degree = 1", 'context_parallel_degree = 2\ncontext_parallel_rotate_method = "alltoall"')
+    text = text.replace('pipeline_parallel_schedule = "Interleaved1F1B"', 'pipeline_parallel_schedule = "1F1B"')
+    path = tmp_path / "job.toml"
+    path.write_text(text + '\n')
+    job = read_torchtitan_toml(path, dp=4)
+    assert (job.parallel["zero_stage"], job.parallel["cp"], job.parallel["cp_kind"]) == (3, 2, "ring")
+    assert not any("ZeRO" in note for note in job.ignored)

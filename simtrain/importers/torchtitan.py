@@ -2,11 +2,16 @@
 
 Section and field names are those of torchtitan's ``torchtitan/config/job_config.py``
 (``[model] name, flavor, hf_assets_path, converters``; ``[training] local_batch_size, seq_len,
-mixed_precision_param``; ``[parallelism] data_parallel_replicate_degree,
+mixed_precision_param, mixed_precision_reduce``; ``[parallelism] data_parallel_replicate_degree,
 data_parallel_shard_degree, tensor_parallel_degree, pipeline_parallel_degree,
 pipeline_parallel_schedule, pipeline_parallel_microbatch_size, pipeline_parallel_layers_per_stage,
-context_parallel_degree, expert_parallel_degree``; ``[activation_checkpoint] mode``), with its
-defaults. The model is the preset of the same flavor (``llama3`` 8B/70B/405B, ``deepseek_v3``
+context_parallel_degree, context_parallel_rotate_method, expert_parallel_degree``;
+``[activation_checkpoint] mode``), with its defaults. FSDP2 (``data_parallel_shard_degree`` other
+than 1) is ZeRO-3 (parameters re-sharded after each forward), or ZeRO-2 with pipeline parallelism,
+where torchtitan keeps the gathered parameters between microbatches (``reshard_after_forward``
+False); its gradients are reduced in ``mixed_precision_reduce`` (default float32). Context
+parallelism's ``allgather`` rotation (the default) is simtrain's ``allgather`` CP, ``alltoall`` its
+``ring``. The model is the preset of the same flavor (``llama3`` 8B/70B/405B, ``deepseek_v3``
 671B), else the HuggingFace ``config.json`` in ``hf_assets_path``.
 """
 
@@ -30,10 +35,11 @@ FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("lla
 _SINGLE_STAGE = {"gpipe", "1f1b"}
 _READ = {
     "model": {"name", "flavor", "hf_assets_path", "converters"},
-    "training": {"local_batch_size", "seq_len", "mixed_precision_param", "global_batch_size"},
+    "training": {"local_batch_size", "seq_len", "mixed_precision_param", "mixed_precision_reduce", "global_batch_size"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
                     "pipeline_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
-                    "pipeline_parallel_layers_per_stage", "context_parallel_degree", "expert_parallel_degree"},
+                    "pipeline_parallel_layers_per_stage", "context_parallel_degree", "context_parallel_rotate_method",
+                    "expert_parallel_degree", "fsdp_reshard_after_forward"},
     "activation_checkpoint": {"mode"},
 }
 # sections that never change what one training step costs
@@ -50,6 +56,12 @@ def _model(m: dict[str, Any], path: Path):
     raise SimtrainError(f"--from-torchtitan {path}: [model] name = {key[0]!r}, flavor = {key[1]!r}: simtrain knows "
                         f"{sorted(f'{n} {f}' for n, f in FLAVORS)}, or reads hf_assets_path/config.json "
                         f"({assets!r} has none)")
+
+
+def _fsdp_stage(reshard: str, pp: int) -> int:
+    """The ZeRO stage of FSDP2: 3 when parameters are re-sharded after each forward (torchtitan's
+    ``fsdp_reshard_after_forward`` "always", or "default" without pipeline parallelism), else 2."""
+    return 3 if reshard == "always" or (reshard == "default" and pp == 1) else 2
 
 
 def _data_parallel(p: dict[str, Any], dp: int | None, notes: list[str]) -> int:
@@ -98,13 +110,16 @@ def read_torchtitan_toml(path: Path, dp: int | None = None) -> ImportedJob:
                     seq_len=t.get("seq_len", 2048),
                     dtype="fp8" if "float8" in m.get("converters", []) else
                     {"bfloat16": "bf16", "float32": "fp32"}[t.get("mixed_precision_param", "bfloat16")],
-                    zero_stage=1 if shard != 1 else 0,
-                    recompute=job.get("activation_checkpoint", {}).get("mode", "selective"))
+                    zero_stage=_fsdp_stage(p.get("fsdp_reshard_after_forward", "default"), pp) if shard != 1 else 0,
+                    recompute=job.get("activation_checkpoint", {}).get("mode", "selective"),
+                    cp=p.get("context_parallel_degree", 1),
+                    cp_kind={"alltoall": "ring"}.get(p.get("context_parallel_rotate_method", "allgather"), "allgather"))
     if shard != 1:
-        notes.append("FSDP shards parameters, gradients and optimizer states (ZeRO-3): simulated as ZeRO-1, "
-                     "without the parameter all-gathers")
-    if p.get("context_parallel_degree", 1) > 1:
-        notes.append(f"context_parallel_degree = {p['context_parallel_degree']} (no context parallelism in simtrain)")
+        reduce = t.get("mixed_precision_reduce", "float32")
+        parallel["grad_reduce_dtype"] = {"float32": "fp32", "bfloat16": "bf16"}.get(reduce, "fp32")
+        if parallel["zero_stage"] == 2:
+            notes.append("FSDP2 keeps the gathered parameters between microbatches (reshard_after_forward False, "
+                         "torchtitan's default with pipeline parallelism): simulated as ZeRO-2")
     mapped = [f"{sec}.{k} = {v!r}" for sec, keys in _READ.items() for k, v in job.get(sec, {}).items() if k in keys]
     ignored = notes + [f"{sec}.{k}" for sec, table in job.items() if sec not in _SILENT and isinstance(table, dict)
                        for k in table if k not in _READ.get(sec, set())]

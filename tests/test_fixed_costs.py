@@ -182,3 +182,11 @@ def test_an_fp32_accumulation_buffer_is_the_kept_gradient():
 def test_a_reduce_scatter_without_a_sharded_optimizer_is_refused():
     with pytest.raises(ValueError, match="grad_reduce_op 'reduce-scatter' with zero_stage 0"):
         ParallelConfig(dp=2, grad_reduce_op="reduce-scatter")
+
+
+def test_fsdp2_casts_into_its_reduce_buffer_instead_of_accumulating():
+    """ZeRO-3 with an fp32 reduce (FSDP2's reduce_dtype) moves read 2 + write 4 bytes per parameter
+    per backward; DeepSpeed's fp32 accumulator (ZeRO <= 2) also reads and writes the buffer."""
+    assert grad_accumulate_bytes_per_param(2, 4, 1, zero_stage=3) == 6
+    assert grad_accumulate_bytes_per_param(2, 4, 1, zero_stage=1) == 18
+    assert grad_accumulate_bytes_per_param(2, None, 4, zero_stage=3) == pytest.approx(0.75 * 6)

@@ -344,7 +344,7 @@ def _grad_accum(ctx: _Ctx, params: float, layers: int) -> OpCost:
     m, par = ctx.model, ctx.parallel
     weight_bytes = 2 if ctx.elem == 2 else 4
     reduce_bytes = None if par.grad_reduce_dtype is None else DTYPE_BYTES[par.grad_reduce_dtype]
-    per_param = grad_accumulate_bytes_per_param(weight_bytes, reduce_bytes, par.microbatches)
+    per_param = grad_accumulate_bytes_per_param(weight_bytes, reduce_bytes, par.microbatches, par.zero_stage)
     tensors = layers * (len(linear_layers(m, 0)) * (2 if m.bias else 1) + 2 * (2 if m.norm == "layernorm" else 1))
     wide = reduce_bytes is not None and reduce_bytes > weight_bytes
     op = _memory("grad_accum", 0.0, 0.0, ctx, w_bytes=per_param * params)

@@ -291,7 +291,8 @@ def stage_costs(
     tp_op, tp_per_layer = ("reduce-scatter", 4) if parallel.sequence_parallel else ("all-reduce", 2)
     st = _Setting(
         model, parallel, hardware, num_chunks, s, tokens, elem, hardware.layer_slowdown,
-        accumulate=grad_accumulate_bytes_per_param(weight_bytes, _reduce_bytes(parallel), parallel.microbatches),
+        accumulate=grad_accumulate_bytes_per_param(weight_bytes, _reduce_bytes(parallel), parallel.microbatches,
+                                                   parallel.zero_stage),
         attn_f_rate=hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=False),
         attn_b_rate=hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=True),
         hidden_bytes=tokens * model.hidden_size * elem,  # one full s*b*h tensor

@@ -54,7 +54,8 @@ def static_bytes_per_param(weight_bytes: float, optimizer_bytes: float, zero_sta
     return sum(static_parts_per_param(weight_bytes, optimizer_bytes, zero_stage, shard, grad_bytes))
 
 
-def grad_accumulate_bytes_per_param(weight_bytes: int, reduce_bytes: int | None, microbatches: int) -> float:
+def grad_accumulate_bytes_per_param(weight_bytes: int, reduce_bytes: int | None, microbatches: int,
+                                    zero_stage: int = 0) -> float:
     """HBM bytes per trainable parameter per microbatch that gradient accumulation moves (in W).
 
     * Gradients accumulated in the weight dtype (``reduce_bytes`` None or equal): ``grad += new``
@@ -64,18 +65,22 @@ def grad_accumulate_bytes_per_param(weight_bytes: int, reduce_bytes: int | None,
       it (read two, write one of ``reduce_bytes``), as DeepSpeed's ``BF16_Optimizer.update_hp_grads``
       does (``hp_grad.add_(lp.grad.to(hp_grad.dtype))`` after each microbatch's backward;
       ``deepspeed/runtime/bf16_optimizer.py``, 2022): ``weight_bytes + 4 x reduce_bytes``.
+    * ZeRO-3 with a wider reduce type (FSDP2's ``reduce_dtype``): no unsharded accumulator; each
+      backward's gradient is cast into the reduce-scatter's input buffer (read ``weight_bytes``,
+      write ``reduce_bytes``; torch FSDP2 ``foreach_reduce``): ``weight_bytes + reduce_bytes``.
 
     Args:
         weight_bytes: bytes of the 16- or 32-bit gradient a backward writes.
         reduce_bytes: bytes per element of the accumulator, or None (the weight dtype).
         microbatches: microbatches per step (>= 1).
+        zero_stage: the ZeRO stage (3: the reduce-scatter cast above).
 
     Returns:
         Bytes per parameter per microbatch.
     """
     if reduce_bytes is None or reduce_bytes <= weight_bytes:
         return (microbatches - 1) / microbatches * 3 * weight_bytes
-    return weight_bytes + 4 * reduce_bytes
+    return weight_bytes + reduce_bytes if zero_stage >= 3 else weight_bytes + 4 * reduce_bytes
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,11 @@ class ParallelConfig(NumbersNotBooleans):
             bigscience ``train/tr11-176B-ml/README.md``): every kernel launch waits for the kernel,
             so the host's per-kernel time adds to every kernel instead of hiding behind the
             previous one (the ``launch`` row of :mod:`simtrain.costs.ops`).
+        kernels: how the memory-bound operators run under the per-operator cost model: ``fused``
+            (one kernel each: Megatron's fused norm, rotary and SwiGLU, or ``torch.compile``) or
+            ``eager`` (PyTorch eager ops, e.g. torchtitan without ``compile``: fp32 casts and one
+            kernel per op; :func:`simtrain.costs.ops.eager_factors`). Stored activations are not
+            changed by it.
         dispatch_dtype: element type of the EP dispatch all-to-all (``fp8`` as in DeepSeek-V3
             §3.3.2; the combine always moves activations of the compute dtype, BF16 for bf16/fp8).
         expert_imbalance: load of the most loaded EP rank / the mean (>= 1; 1 = uniform routing).
@@ -256,6 +261,7 @@ class ParallelConfig(NumbersNotBooleans):
     grad_reduce_op: Literal["all-reduce", "reduce-scatter"] | None = None
     p2p_mode: Literal["async", "blocking"] = "async"
     launch_blocking: bool = False
+    kernels: Literal["fused", "eager"] = "fused"
     dispatch_dtype: Literal["bf16", "fp8"] = "bf16"
     expert_imbalance: float = Field(default=1.0, ge=1.0)
     node_limit: int | None = Field(default=None, ge=1)

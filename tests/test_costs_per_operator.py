@@ -176,3 +176,31 @@ def test_flash_attention_stores_no_scores_unfused_stores_them_unless_recomputed(
     tokens = s * p.microbatch_size
     assert flash - sel == pytest.approx(m.num_layers * tokens * 4 * m.num_heads / tp)
     assert unfused - sel == pytest.approx(m.num_layers * tokens * m.num_heads * s * 2 / tp)
+
+
+def test_eager_kernels_move_the_bytes_counted_from_torchtitans_ops():
+    """kernels: eager (torchtitan without torch.compile): an RMSNorm in bf16 moves 36 bytes per
+    element forward (cast 6, pow 8, mean 4, mul 8, cast 6, weight 4) against the fused 4; in fp32
+    the casts vanish; GEMMs and attention are untouched and the breakdown still adds up."""
+    from simtrain.costs.ops import eager_factors
+
+    assert eager_factors("norm", 2) == (9.0, pytest.approx(56 / 6))
+    assert eager_factors("rotary", 4) == (1.0, 1.0) and eager_factors("qkv", 2) == (1.0, 1.0)
+    assert eager_factors("activation", 2, "gelu") == (1.0, 1.0)
+    m, p, h, fused = _ctx()
+    _, pe, _, eager = _ctx(kernels="eager")
+    a, b = (chunk_breakdown(c, (0,), False, False, 0.0) for c in (fused, eager))
+    rows_a, rows_b = {o.name: o for o in a}, {o.name: o for o in b}
+    assert rows_b["norm"].bytes[0] == pytest.approx(9 * rows_a["norm"].bytes[0])
+    assert rows_b["qkv"].seconds == rows_a["qkv"].seconds and rows_b["attention"].seconds == rows_a["attention"].seconds
+    run = run_schedule("1f1b", m, h, pe, runtime=ops_runtime(m, pe, h))
+    for c in run.costs.chunks:
+        ops = chunk_breakdown(ops_runtime(m, pe, h).ctx, c.layers, c.has_embedding, c.has_head, c.params)
+        assert sum(o.seconds[0] for o in ops) == pytest.approx(c.forward_s)
+
+
+def test_eager_kernels_under_the_flat_model_are_refused():
+    from conftest import SMALL, invoke
+
+    res = invoke("compare", *SMALL, "--schedules", "1f1b", "--json", "--kernels", "eager", "--cost-model", "flat")
+    assert res.exit_code == 2 and res.output.count("error:") == 1 and "--kernels eager" in res.output

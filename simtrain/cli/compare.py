@@ -80,6 +80,9 @@ def compare(
     activation_cache: Annotated[Optional[str], typer.Option(
         help="dtype of the linear layers' saved inputs: compute, or fp8 (DeepSeek-V3's FP8 activation cache; "
              "activations and deferred-W buffers) [default: compute]")] = None,
+    kernels: Annotated[Optional[str], typer.Option(
+        help="memory-bound operators as fused kernels or eager PyTorch ops (fp32 casts, one kernel per op; "
+             "--cost-model ops) [default: fused]")] = None,
     breakdown: Annotated[Optional[int], typer.Option(
         help="show where this stage's F, I, W time goes per operator (--cost-model ops; JSON key 'breakdown')")] = None,
     schedules: Annotated[Optional[str], typer.Option(
@@ -122,7 +125,7 @@ def compare(
                      recompute=recompute, trainable=trainable, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
                      a2a_links=a2a_links, moe_coarsen=moe_coarsen, forward_only=True if forward_only else None,
-                     attention=attention, activation_cache=activation_cache, offload=offload,
+                     attention=attention, activation_cache=activation_cache, kernels=kernels, offload=offload,
                      tp_overlap=True if tp_overlap else None, tp_overlap_fraction=tp_overlap_fraction,
                      hardware_queues=hardware_queues)
     job = read_job(from_megatron, from_torchtitan, dp)
@@ -131,6 +134,9 @@ def compare(
     st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)
     choice = parse_cost_choice(cost_model, modules, fp8, st.hardware.attention_kernel(st.parallel.attention),
                                st.hardware, st.model)
+    if st.parallel.kernels == "eager" and choice.model != "ops":
+        raise SimtrainError("--kernels eager: prices the per-operator model's memory-bound operators, and the flat "
+                            "cost model runs here (--cost-model ops, on a profile with kernel tables)")
     if breakdown is not None and choice.model != "ops":
         raise SimtrainError(f"--breakdown = {breakdown}: needs the per-operator cost model (--cost-model ops)")
     plan = _plan_compare(st, schedules, schedule_file, sweep, pp, microbatches)

@@ -156,9 +156,38 @@ def _gemm(name: str, m: float, k: float, n: float, ctx: _Ctx, batch: float = 1) 
     return OpCost(name, (flops,) * 3, (nbytes,) * 3, secs, bound)
 
 
+def eager_factors(name: str, elem: int, activation: str = "swiglu") -> tuple[float, float]:
+    """HBM bytes of an operator run as eager PyTorch ops / the fused kernel's bytes, for F and I
+    (``ParallelConfig.kernels = "eager"``; 1 for operators not listed). Counted per element from
+    torchtitan's eager model code (``torchtitan/models/norms.py`` ``RMSNorm``: ``x.float()``, ``pow``,
+    ``mean``, ``x * rsqrt``, ``type_as``, ``* weight``; ``models/llama/model.py``
+    ``apply_rotary_emb``: cast to fp32, complex multiply, cast back, and ``FeedForward``:
+    ``silu(w1 x) * w3 x``; the loss on ``pred.float()``), each op reading its inputs and writing
+    its output once, autograd's backward of each op likewise; a cast to fp32 costs nothing in fp32
+    training. The fused counts are this module's (norm F 2e / I 3e bytes per element, rotary 2e /
+    2e, SwiGLU 3e / 5e, fp32 cross-entropy 8 / 12), e = ``elem``.
+    """
+    e = elem
+    c = e + 4 if e < 4 else 0  # one cast between the compute dtype and fp32
+    key = name.removeprefix("head:")
+    if key == "norm":  # F: cast, pow, mean, mul, cast, weight; I: their backwards + the two dx summed
+        return (c + 8 + 4 + 8 + c + 2 * e) / (2 * e), (4 * e + c + 16 + 8 + 12 + c) / (3 * e)
+    if key == "rotary":
+        return (c + 8 + c) / (2 * e), (c + 8 + c) / (2 * e)
+    if key == "activation" and activation == "swiglu":  # silu, then the product; backward: 2 + 1 ops
+        return 5 / 3, 9 / 5
+    if key == "cross_entropy":  # cast, log-softmax (nll negligible); backward: nll, log-softmax, cast
+        return (c + 8) / 8, (4 + 12 + c) / 12
+    return 1.0, 1.0
+
+
 def _memory(name: str, fwd_bytes: float, bwd_bytes: float, ctx: _Ctx, w_bytes: float = 0.0) -> OpCost:
-    """A memory-bound kernel moving ``fwd_bytes`` in F, ``bwd_bytes`` in I (and ``w_bytes`` in W)."""
+    """A memory-bound kernel moving ``fwd_bytes`` in F, ``bwd_bytes`` in I (and ``w_bytes`` in W);
+    run as eager ops (:func:`eager_factors`) when ``parallel.kernels`` is ``eager``."""
     bw = ctx.hbm_bytes_per_s
+    if ctx.parallel.kernels == "eager":
+        f, i = eager_factors(name, ctx.elem, ctx.model.activation)
+        fwd_bytes, bwd_bytes = fwd_bytes * f, bwd_bytes * i
     b = (fwd_bytes, bwd_bytes, w_bytes)
     return OpCost(name, (0.0, 0.0, 0.0), b, tuple(x / bw for x in b), "memory")
 

@@ -80,9 +80,7 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
         params = sum(costs.chunks[c].params for c in held)
         per = costs.static_parts_per_param or (costs.grad_bytes_per_param,) * 2
         weights, grads = params * per[0], params * per[1]
-        where = np.flatnonzero(mem["rank"] == rank)
-        first_peak = where[np.argmax(mem["bytes"][where])]  # the first row at the peak, as idxmax
-        peak, t = float(mem["bytes"][first_peak]), float(mem["time_s"][first_peak])
+        peak, t = _first_peak(mem, rank)
         dynamic = max(peak - static, 0.0)
         pending = min(_w_pending_at(split, rank, t, costs, schedule), dynamic)
         stepping = (cols["rank"] == rank) & (cols["kind"] == "OPT") & (cols["start_s"] <= t) & (t < cols["end_s"])
@@ -95,22 +93,23 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
 
 def offloaded_at_peak(result: Trace) -> list[float]:
     """Per rank (in rank order), the activation bytes on the host at the first instant of the
-    rank's memory peak: offload copies ended by then whose reload has not started
-    (:mod:`simtrain.lowering.offload`); 0 without offload. A rank whose value is 0 while offload
-    is on did not have its peak lowered by it."""
+    rank's memory peak: offload copies ended by then, less the reloads started by then
+    (:mod:`simtrain.lowering.offload`; a reload starts after its copy ends); 0 without offload. A
+    rank whose value is 0 while offload is on did not have its peak lowered by it."""
     cols, mem = result.columns, result.memory_columns
-    ranks = sorted(set(int(r) for r in mem["rank"]))
-    copies = np.flatnonzero(cols["kind"] == "offload")
+    copies = cols["kind"] == "offload"
     out = []
-    for rank in ranks:
-        where = np.flatnonzero(mem["rank"] == rank)
-        t = float(mem["time_s"][where[np.argmax(mem["bytes"][where])]])
-        held: dict[tuple[float, float], float] = {}
-        for i in copies[cols["rank"][copies] == rank]:
-            key = (float(cols["stage"][i]), float(cols["microbatch"][i]))
-            if cols["name"][i].startswith("offload") and cols["end_s"][i] <= t:
-                held[key] = held.get(key, 0.0) + float(cols["bytes"][i])
-            elif cols["name"][i].startswith("reload") and cols["start_s"][i] <= t:
-                held[key] = held.get(key, 0.0) - float(cols["bytes"][i])
-        out.append(max(0.0, sum(held.values())))
+    for rank in sorted(set(int(r) for r in mem["rank"])):
+        _, t = _first_peak(mem, rank)
+        mine = copies & (cols["rank"] == rank)
+        gone = mine & (cols["stream"] == "offload") & (cols["end_s"] <= t)
+        back = mine & (cols["stream"] == "reload") & (cols["start_s"] <= t)
+        out.append(max(0.0, float(cols["bytes"][gone].sum() - cols["bytes"][back].sum())))
     return out
+
+
+def _first_peak(mem: dict[str, np.ndarray], rank: int) -> tuple[float, float]:
+    """``(bytes, time_s)`` of ``rank``'s memory peak, at its first row (as pandas' idxmax)."""
+    where = np.flatnonzero(mem["rank"] == rank)
+    first = where[np.argmax(mem["bytes"][where])]
+    return float(mem["bytes"][first]), float(mem["time_s"][first])

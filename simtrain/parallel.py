@@ -340,6 +340,16 @@ class ParallelConfig(NumbersNotBooleans):
         return ((dp_rank * self.pp + pp_rank) * self.cp + cp_rank) * self.tp + tp_rank
 
     @property
+    def tp_cp(self) -> int:
+        """GPUs sharing one stage's microbatch: ``tp x cp``."""
+        return self.tp * self.cp
+
+    @property
+    def grad_reduce_bytes(self) -> int | None:
+        """Bytes per element of ``grad_reduce_dtype`` (None when unset: the gradient's own type)."""
+        return None if self.grad_reduce_dtype is None else DTYPE_BYTES[self.grad_reduce_dtype]
+
+    @property
     def dp_cp(self) -> int:
         """GPUs holding the same parameters of a stage: ``dp x cp`` (the gradient-reduction and
         ZeRO-sharding group)."""

@@ -214,7 +214,7 @@ def _run_schedule(
     topology = Topology(hardware, parallel)
     graph = lower(schedule, costs, topology, comm=comm, waves=waves)
     result = simulate(graph)
-    tp = parallel.tp * parallel.cp  # GPUs sharing one stage's microbatch
+    tp = parallel.tp_cp  # GPUs sharing one stage's microbatch
 
     def flops_of(c) -> float:
         return c.forward_flops if parallel.forward_only else c.model_flops

@@ -189,7 +189,13 @@ def _print_calibration(data: dict, path: Path) -> None:
     out.print(f"profile: {path}")
 
 
+_TORCH_RUN_OPTIONS = ("profile", "schedules", "world", "device", "steps", "warmup", "threads", "no_speed_correction",
+                      "timeout_s")
+"""The options of validate's torch run (``--published`` takes none of them)."""
+
+
 def validate(
+    ctx: typer.Context,
     profile: Annotated[Optional[str], typer.Option(help="calibrated profile (name or YAML file)")] = None,
     schedules: Annotated[Optional[str], typer.Option(help="schedules, comma-separated: compare's names or torch's class names (default: all seven torch has)")] = None,
     world: Annotated[Optional[int], typer.Option(help="pipeline ranks (default: 2 on cpu, all GPUs)")] = None,
@@ -214,19 +220,18 @@ def validate(
     from .validate import compare, parse_schedules
     from .workload import default_model
 
-    torch_run = {"--profile": profile, "--schedules": schedules, "--world": world,
-                 "--device": None if device == "cpu" else device, "--steps": None if steps == 10 else steps,
-                 "--warmup": None if warmup == 2 else warmup, "--threads": None if threads == 1 else threads,
-                 "--no-speed-correction": no_speed_correction or None,
-                 "--timeout-s": None if timeout_s == 900 else timeout_s}
+    def given(name: str) -> bool:  # typed by the user, not the signature's default (click's ParameterSource)
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name != "DEFAULT"
+
     if published:
-        given = [flag for flag, value in torch_run.items() if value is not None]
-        if given:
-            raise SimtrainError(f"{', '.join(given)}: options of the torch run, not of --published "
+        torch_run = [f"--{name.replace('_', '-')}" for name in _TORCH_RUN_OPTIONS if given(name)]
+        if torch_run:
+            raise SimtrainError(f"{', '.join(torch_run)}: options of the torch run, not of --published "
                                 "(which takes only --cost-model and --json)")
         _validate_published(cost_model, as_json)
         return
-    if cost_model != "auto":
+    if given("cost_model"):
         raise SimtrainError(f"--cost-model = {cost_model!r}: applies only with --published "
                             "(the torch run predicts with the calibrated --profile)")
     if profile is None:
@@ -281,7 +286,7 @@ def validate(
 
 def _validate_published(cost_model: str, as_json: bool) -> None:
     """``simtrain validate --published``: predict every figure of the published suite."""
-    from ..published import rows_table, run_suite, summarise
+    from ..published import NETWORK_METRICS, rows_table, run_suite, summarise
 
     from ..costs.kernels import has_kernel_tables
     from ..costs.ops import published_runtime
@@ -295,8 +300,8 @@ def _validate_published(cost_model: str, as_json: bool) -> None:
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
         return
     out.print(rows_table(rows, f"simtrain ({cost_model} cost model) vs published real-cluster runs"))
-    network = [r for r in rows if r.metric.endswith("_gb_per_s")]
-    parts = [("training steps and memory", [r for r in rows if r not in network]), ("collectives", network)]
+    network = [r for r in rows if r.metric in NETWORK_METRICS]
+    parts = [("training steps and memory", [r for r in rows if r.metric not in NETWORK_METRICS]), ("collectives", network)]
     for what, subset in [p for p in parts if p[1] and len(p[1]) < len(rows)] + [("all", rows)]:
         s = summarise(subset)
         out.print(f"{what}: median |error| = {s['median_abs_error']:.1%}, max |error| = {s['max_abs_error']:.1%} "

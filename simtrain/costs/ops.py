@@ -40,7 +40,7 @@ import dataclasses
 from ..errors import SimtrainError
 from ..hardware import HardwareProfile
 from ..models import ModelSpec
-from ..parallel import DTYPE_BYTES, ParallelConfig
+from ..parallel import ParallelConfig
 from .context import cp_declaration
 from .kernels import KernelRates, rates_for
 from .layers import linear_layers
@@ -251,8 +251,7 @@ def _second_mms(ctx: _Ctx, layer: int) -> list[OpCost]:
     projections), each as its own GEMM, split over TP as in :func:`_layer_ops`."""
     m, tp = ctx.model, ctx.parallel.tp
     h, a, kv = m.hidden_size, m.num_heads, m.kv_heads
-    width = linear_layers(m, layer)[-1][0]  # the FFN intermediate (fan-in of the down projection)
-    mult = linear_layers(m, layer)[-1][2]
+    width, _, mult = linear_layers(m, layer)[-1]  # the FFN intermediate (fan-in of the down projection)
     ffn_up = [(h, width), (h, width)] if m.activation == "swiglu" else [(h, width)]
     mms = [(h, a * m.q_head_dim, 1.0), (h, kv * m.q_head_dim, 1.0), (h, kv * m.v_head_dim, 1.0),
            (a * m.v_head_dim, h, 1.0), *((k, n, mult) for k, n in ffn_up), (width, h, mult)]
@@ -372,7 +371,7 @@ def _grad_accum(ctx: _Ctx, params: float, layers: int) -> OpCost:
     one weight per linear layer (and a bias with ``model.bias``) and two per norm (one for RMSNorm)."""
     m, par = ctx.model, ctx.parallel
     weight_bytes = 2 if ctx.elem == 2 else 4
-    reduce_bytes = None if par.grad_reduce_dtype is None else DTYPE_BYTES[par.grad_reduce_dtype]
+    reduce_bytes = par.grad_reduce_bytes
     per_param = grad_accumulate_bytes_per_param(weight_bytes, reduce_bytes, par.microbatches, par.zero_stage)
     tensors = layers * (len(linear_layers(m, 0)) * (2 if m.bias else 1) + 2 * (2 if m.norm == "layernorm" else 1))
     wide = reduce_bytes is not None and reduce_bytes > weight_bytes
@@ -510,7 +509,7 @@ def step_hfu(run, runtime) -> float:
     cache: dict = {}
     redo = [next(o for o in chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params, cache)
                  if o.name == "recompute").flops[1] for c in costs.chunks]
-    tp = ctx.parallel.tp * ctx.parallel.cp  # GPUs sharing one stage's microbatch
+    tp = ctx.parallel.tp_cp  # GPUs sharing one stage's microbatch
     flops = sum((costs.chunks[sched.chunk_of(s)].model_flops + redo[sched.chunk_of(s)]) * tp
                 for mb in range(sched.num_microbatches) for s in sched.path(mb))
     # same step, GPUs and peak as the MFU: HFU / MFU = hardware FLOPs / model FLOPs

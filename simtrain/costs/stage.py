@@ -12,7 +12,7 @@ from ..hardware import HardwareProfile
 from ..models import ModelSpec
 from ..moe import check_expert_parallel, chunk_cost, gpu_layer_params, imbalance_extra_s
 from ..network import Collective
-from ..parallel import DTYPE_BYTES, ParallelConfig
+from ..parallel import ParallelConfig
 from .context import check_context_parallel, cp_declaration
 from .trainable import check_trainable, is_frozen, layer_adapter
 from .layers import FP8_CACHE_BYTES, elementwise_s, gemm_seconds, layer_shape, linear_layers
@@ -247,11 +247,6 @@ def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
     )
 
 
-def _reduce_bytes(parallel: ParallelConfig) -> int | None:
-    """Bytes per element of ``parallel.grad_reduce_dtype`` (None when unset)."""
-    return None if parallel.grad_reduce_dtype is None else DTYPE_BYTES[parallel.grad_reduce_dtype]
-
-
 def stage_costs(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -291,7 +286,7 @@ def stage_costs(
     tp_op, tp_per_layer = ("reduce-scatter", 4) if parallel.sequence_parallel else ("all-reduce", 2)
     st = _Setting(
         model, parallel, hardware, num_chunks, s, tokens, elem, hardware.layer_slowdown,
-        accumulate=grad_accumulate_bytes_per_param(weight_bytes, _reduce_bytes(parallel), parallel.microbatches,
+        accumulate=grad_accumulate_bytes_per_param(weight_bytes, parallel.grad_reduce_bytes, parallel.microbatches,
                                                    parallel.zero_stage),
         attn_f_rate=hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=False),
         attn_b_rate=hardware.attention_flops_per_s(s, model.q_head_dim, dtype, backward=True),
@@ -306,7 +301,7 @@ def stage_costs(
     optimizer_rate = hardware.optimizer_bytes_per_s or hardware.hbm_bandwidth_bytes_per_s
     shard = parallel.dp_cp if parallel.zero_stage >= 1 else 1
     expert_shard = parallel.expert_dp if parallel.zero_stage >= 1 else 1
-    kept = _reduce_bytes(parallel)  # an fp32 accumulation buffer is the kept gradient
+    kept = parallel.grad_reduce_bytes  # an fp32 accumulation buffer is the kept gradient
     return StageCosts(
         chunks=tuple(chunks),
         static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard, kept),
@@ -322,5 +317,5 @@ def stage_costs(
         expert_optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / expert_shard / optimizer_rate,
         tied_embedding_params=model.vocab_size * model.hidden_size / tp
         if model.tied_embeddings and num_chunks > 1 else 0.0,
-        grad_reduce_bytes=_reduce_bytes(parallel),
+        grad_reduce_bytes=kept,
     )

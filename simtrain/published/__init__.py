@@ -34,7 +34,7 @@ import statistics
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import ConfigDict, Field
 
@@ -95,10 +95,15 @@ class CaseFile(_Strict):
     params_for_tflops: float | None = Field(default=None, gt=0)
 
 
+NetworkMetric = Literal["busbw_gb_per_s", "algbw_gb_per_s", "nvlink_gb_per_s", "rdma_gb_per_s"]
+NETWORK_METRICS = frozenset(get_args(NetworkMetric))
+"""The metrics of the ``network`` cases (collective bandwidths, GB/s)."""
+
+
 class NetworkFigureFile(_Strict):
     """One published collective figure: the collective, its group and size, the metric (GB/s)."""
 
-    metric: Literal["busbw_gb_per_s", "algbw_gb_per_s", "nvlink_gb_per_s", "rdma_gb_per_s"]
+    metric: NetworkMetric
     value: float = Field(gt=0)
     label: str = ""
     op: Literal["all-reduce", "all-gather", "reduce-scatter", "dispatch", "combine"]

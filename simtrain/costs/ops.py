@@ -44,31 +44,9 @@ from ..parallel import ParallelConfig
 from .context import cp_declaration
 from .kernels import KernelRates, rates_for
 from .layers import linear_layers
+from .recompute import (ALIASES, ATTENTION_CORE, EVERY_SECOND_MM, FULL, LAYER_OPS, LINEAR_OPS,  # noqa: F401
+                        _EVERY_SECOND_MM_RERUNS, parse_recompute)
 from .types import StageCosts, grad_accumulate_bytes_per_param
-
-ATTENTION_CORE = ("attention", "attn_scores", "attn_context", "softmax", "attn_dropout")
-"""Operators that selective recomputation reruns (Korthikanti et al. 2022 §5)."""
-LAYER_OPS = ("qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out", "router", "ffn_up", "ffn_down",
-             *ATTENTION_CORE, "norm", "residual", "dropout", "activation", "rotary")
-"""Names of a transformer layer's operators, as ``--recompute MODULE,...`` takes them."""
-LINEAR_OPS = LAYER_OPS[:9]
-"""The linear-layer GEMMs among :data:`LAYER_OPS` (``qkv`` to ``ffn_down``)."""
-ALIASES = {"attn_core": ATTENTION_CORE, "swiglu": ("activation",), "gelu": ("activation",),
-           "mla_up": ("q_up", "kv_up"), "mlp": ("ffn_up", "activation", "ffn_down"), "ffn": ("ffn_up", "activation", "ffn_down")}
-"""Group names accepted by ``--recompute`` (DeepSeek-V3 §3.2.3 recomputes ``norm,mla_up``)."""
-FULL = "*"
-EVERY_SECOND_MM = "every-second-mm"
-"""torchtitan's selective per-op activation checkpointing ("selective op", pytorch/torchtitan
-``parallelize_llama.py`` of April 2024 to 2025, ``_custom_policy``: "Saves output of all compute
-ops, except every second mm"): inside each transformer block the outputs of ``aten.mm`` calls 1,
-3, 5, ... in forward order and of the SDPA (flash / memory-efficient) kernel are saved, so the
-backward reruns matmuls 2, 4, 6, ... and every operator that is not a compute op (norms, residual
-adds, the FFN activation, rotary, dropout), but not the attention core. The mm order is the
-module's: ``wq, wk, wv, wo, w1, w3, w2`` for a SwiGLU Llama block (``w1, w2`` for GeLU), so a
-Llama block reruns ``wk``, ``wo`` and ``w3``. Defined for blocks with separate Q, K and V
-projections (not MLA)."""
-_EVERY_SECOND_MM_RERUNS = ("norm", "residual", "dropout", "activation", "rotary")
-"""The non-compute operators :data:`EVERY_SECOND_MM` reruns (every one of the block)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,31 +368,6 @@ def grad_norm_clip_s(ctx: _Ctx, params: float) -> float:
     (:data:`GRAD_NORM_CLIP_BYTES_PER_PARAM` at the memory-bound rate, on the ZeRO-1+ shard)."""
     shard = ctx.parallel.dp if ctx.parallel.zero_stage >= 1 else 1
     return GRAD_NORM_CLIP_BYTES_PER_PARAM / ctx.hbm_bytes_per_s / shard * params
-
-
-def parse_recompute(spec: str) -> frozenset[str]:
-    """Operators rerun inside I: ``none``, ``selective`` (the attention core), ``full`` (every
-    layer operator), ``every-second-mm`` (torchtitan's selective op policy,
-    :data:`EVERY_SECOND_MM`) or a comma-separated list of :data:`LAYER_OPS` names and
-    :data:`ALIASES`.
-
-    Raises:
-        SimtrainError: an unknown module name (the message lists the allowed ones).
-    """
-    if spec in ("none", "selective", "full"):
-        return {"none": frozenset(), "selective": frozenset(ATTENTION_CORE), "full": frozenset({FULL})}[spec]
-    if spec == EVERY_SECOND_MM:
-        return frozenset({EVERY_SECOND_MM, *_EVERY_SECOND_MM_RERUNS})
-    names = set()
-    for item in (x.strip() for x in spec.split(",")):
-        if item in ALIASES:
-            names.update(ALIASES[item])
-        elif item in LAYER_OPS:
-            names.add(item)
-        else:
-            raise SimtrainError(f"--recompute = {spec!r}: unknown module {item!r}; choose none, selective, full, "
-                                f"{EVERY_SECOND_MM} or a comma-separated list of {', '.join(LAYER_OPS + tuple(ALIASES))}")
-    return frozenset(names)
 
 
 def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwareProfile,

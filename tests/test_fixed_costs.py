@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from simtrain.costs.kernels import OP_DATA, parse_op_data, rates_for
-from simtrain.costs.ops import _Ctx, chunk_breakdown, ops_runtime, parse_recompute
+from simtrain.costs.ops import _Ctx, chunk_breakdown, grad_norm_clip_s, ops_runtime, parse_recompute
 from simtrain.costs.types import grad_accumulate_bytes_per_param
 from simtrain.errors import SimtrainError, load_yaml_file, validate_model
 from simtrain.hardware import load_profile
@@ -190,3 +190,16 @@ def test_fsdp2_casts_into_its_reduce_buffer_instead_of_accumulating():
     assert grad_accumulate_bytes_per_param(2, 4, 1, zero_stage=3) == 6
     assert grad_accumulate_bytes_per_param(2, 4, 1, zero_stage=1) == 18
     assert grad_accumulate_bytes_per_param(2, None, 4, zero_stage=3) == pytest.approx(0.75 * 6)
+
+
+def test_grad_norm_and_clipping_run_on_the_optimizer_shard_over_dp_times_cp():
+    """ZeRO-1 shards the optimizer states over DP x CP (costs.stage_costs), so the per-step
+    gradient norm and clipping read 1/(dp cp) of the gradient: doubling cp halves it."""
+    r = rates_for(A100)
+    bw = A100.hbm_bandwidth_bytes_per_s * r.hbm_efficiency
+    secs = {}
+    for cp, zero in ((1, 1), (2, 1), (2, 0)):
+        p = _par(cp=cp, zero_stage=zero)
+        secs[cp, zero] = grad_norm_clip_s(_Ctx(GPT, p, r, "flash", bw, parse_recompute(p.recompute)), 1e9)
+    assert secs[2, 1] == pytest.approx(secs[1, 1] / 2)
+    assert secs[2, 0] == pytest.approx(secs[1, 1] * _par().dp)

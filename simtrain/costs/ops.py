@@ -365,8 +365,9 @@ GRAD_NORM_CLIP_BYTES_PER_PARAM = 12
 
 def grad_norm_clip_s(ctx: _Ctx, params: float) -> float:
     """Seconds of the per-step gradient norm and clipping over ``params`` parameters of one GPU
-    (:data:`GRAD_NORM_CLIP_BYTES_PER_PARAM` at the memory-bound rate, on the ZeRO-1+ shard)."""
-    shard = ctx.parallel.dp if ctx.parallel.zero_stage >= 1 else 1
+    (:data:`GRAD_NORM_CLIP_BYTES_PER_PARAM` at the memory-bound rate, on the ZeRO-1+ shard over
+    DP x CP, the group the optimizer states are sharded over: :func:`simtrain.costs.stage_costs`)."""
+    shard = ctx.parallel.dp_cp if ctx.parallel.zero_stage >= 1 else 1
     return GRAD_NORM_CLIP_BYTES_PER_PARAM / ctx.hbm_bytes_per_s / shard * params
 
 

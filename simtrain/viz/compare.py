@@ -77,11 +77,12 @@ def comparison_figure(reports: list[Report], breakdowns: list[dict[str, float]] 
         top = max(r.exposed_comm_s for r in reports) * MS
         fig.update_yaxes(range=[0, top * 1.25 if top > 0 else 1], row=1, col=3)
     style_figure(fig, "schedules compared", 470)
-    # full names, tilted so that six of them fit under a quarter-width panel; the legend sits above
-    # the panels so it never covers the labels
+    # full names, tilted so that six of them fit under a quarter-width panel; the legend (two rows
+    # with the memory parts) sits between the title, pinned to the top, and the panels, so it
+    # covers neither the title nor the labels
     fig.update_xaxes(tickangle=-40, automargin=True, tickfont=dict(size=11))
     fig.update_layout(barmode="stack", legend=dict(orientation="h", yanchor="bottom", y=1.12, x=0),
-                      margin=dict(t=110))
+                      title=dict(yref="container", y=0.985, yanchor="top"), margin=dict(t=150), height=510)
     return fig
 
 

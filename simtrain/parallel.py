@@ -185,8 +185,11 @@ class ParallelConfig(NumbersNotBooleans):
         kernels: how the memory-bound operators run under the per-operator cost model: ``fused``
             (one kernel each: Megatron's fused norm, rotary and SwiGLU, or ``torch.compile``) or
             ``eager`` (PyTorch eager ops, e.g. torchtitan without ``compile``: fp32 casts and one
-            kernel per op; :func:`simtrain.costs.ops.eager_factors`). Stored activations are not
-            changed by it.
+            kernel per op; :func:`simtrain.costs.ops.eager_factors`). ``eager`` also stores
+            what autograd saves in an eager torchtitan Llama block (Python RMSNorm, k and v
+            repeated to all heads, SiLU's output; :mod:`simtrain.costs.saved`) instead of
+            Korthikanti et al.'s fused count, under both cost models (full recompute still
+            stores only each layer's input).
         dispatch_dtype: element type of the EP dispatch all-to-all (``fp8`` as in DeepSeek-V3
             §3.3.2; the combine always moves activations of the compute dtype, BF16 for bf16/fp8).
         expert_imbalance: load of the most loaded EP rank / the mean (>= 1; 1 = uniform routing).

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..hardware import HardwareProfile
 from ..models import ModelSpec
+from .saved import applies as saved_applies, eager_layer_bytes
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,11 @@ quantization and §3.3.2 low-precision storage)."""
 
 
 def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int,
-                cache_elem: float | None = None) -> LayerShape:
-    """Per-token FLOPs and bytes of ``layer`` on one of ``tp`` GPUs; ``elem`` = bytes/element."""
+                cache_elem: float | None = None, eager: bool = False) -> LayerShape:
+    """Per-token FLOPs and bytes of ``layer`` on one of ``tp`` GPUs; ``elem`` = bytes/element.
+    ``eager``: the stored activations are those autograd saves in an eager torchtitan block
+    (:func:`simtrain.costs.saved.eager_layer_bytes`) where that count :func:`applies
+    <simtrain.costs.saved.applies>` to the layer; else Korthikanti et al.'s fused count."""
     h, a, s = model.hidden_size, model.num_heads, seq_len
     gemms = linear_layers(model, layer)
     gemm_flops = sum(2 * k * n * mult for k, n, mult in gemms)
@@ -116,6 +120,10 @@ def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int,
     # adds (F: 2 reads, 1 write; backward: the two gradient branches summed).
     # replicated without sequence parallelism: norm and first-GEMM inputs, dropout masks (§4.2.1)
     shared = norms + 2 * h * elem + 2 * mask * h
+    if eager and saved_applies(model, layer):  # the eager block's saved tensors; norms as the shared part
+        by_op = eager_layer_bytes(model, elem)
+        shared = by_op["attention_norm"] + by_op["ffn_norm"]
+        norms, attn, ffn = shared, by_op["attention"], by_op["ffn"]
     width = _ffn_width(model, layer)
     act_f, act_b = (3 * width, 5 * width) if model.activation == "swiglu" else (2 * width, 3 * width)
     return LayerShape(

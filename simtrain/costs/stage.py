@@ -14,6 +14,7 @@ from ..moe import check_expert_parallel, chunk_cost, gpu_layer_params, imbalance
 from ..network import Collective
 from ..parallel import ParallelConfig
 from .context import check_context_parallel, cp_declaration
+from .saved import eager_head_bytes
 from .trainable import check_trainable, is_frozen, layer_adapter
 from .layers import FP8_CACHE_BYTES, elementwise_s, gemm_seconds, layer_shape, linear_layers
 from .types import (OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts, grad_accumulate_bytes_per_param,
@@ -106,7 +107,7 @@ def layer_terms(st: _Setting, layer: int) -> LayerTerms:
     model, parallel, tokens = st.model, st.parallel, st.tokens
     tp = parallel.tp
     ls = layer_shape(model, layer, st.seq_len, tp, st.elem,
-                     FP8_CACHE_BYTES if parallel.activation_cache == "fp8" else None)
+                     FP8_CACHE_BYTES if parallel.activation_cache == "fp8" else None, parallel.kernels == "eager")
     gf, gi, gw = gemm_seconds(linear_layers(model, layer), tokens, tp, model.hidden_size, st.hardware, parallel.dtype)
     attn_f = ls.attn_flops * tokens / st.attn_f_rate
     ew_f = elementwise_s({k: v * tokens for k, v in ls.ew_forward.items()}, st.hardware)
@@ -202,8 +203,12 @@ def _add_head(sums: _Sums, st: _Setting) -> None:
     ew_f = elementwise_s(dict(norm=tokens * 2 * h * elem / tp, activation=tokens * 2 * 4 * v / tp), hw)
     ew_b = elementwise_s(dict(norm=tokens * 3 * h * elem / tp, activation=tokens * 3 * 4 * v / tp), hw)
     sums.f_s, sums.i_s, sums.w_s = sums.f_s + gf + ew_f, sums.i_s + gi + ew_b, sums.w_s + gw
-    sums.act += tokens * (2 * h * elem / tp + 4 * v / tp)
-    stored = tokens * (2 * h * elem / tp + 4 * v / tp) if st.parallel.w_pending == "autograd" else tokens * h * elem
+    # stored: norm and head inputs, fp32 logits; eager torchtitan: its final RMSNorm, the logits and
+    # the loss's fp32 log-softmax (simtrain.costs.saved.eager_head_bytes), split over TP as the logits
+    eager = st.parallel.kernels == "eager" and model.norm == "rmsnorm"
+    kept = eager_head_bytes(model, elem) / tp if eager else 2 * h * elem / tp + 4 * v / tp
+    sums.act += tokens * kept
+    stored = tokens * kept if st.parallel.w_pending == "autograd" else tokens * h * elem
     sums.w += 0.0 if frozen else stored + tokens * v / tp * elem
 
 

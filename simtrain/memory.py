@@ -9,7 +9,8 @@ into those parts:
 * ``weights``, ``gradients``: one copy per held parameter in the weight dtype (16-bit in mixed
   precision, else 4 bytes; :func:`simtrain.costs.stage_costs`), divided by DP where the ZeRO
   stage shards them (gradients from stage 2, parameters from stage 3; Rajbhandari et al. 2020
-  §5.2-5.3);
+  §5.2-5.3); with ``grad_allocation: first-backward`` only the gradients of the chunks whose
+  first B or W on the rank has ended by the peak (:mod:`simtrain.lowering.grads`);
 * ``optimizer_states``: the rest of the static bytes, i.e. Adam's fp32 moments (and the fp32
   master weights in mixed precision), divided by DP under ZeRO-1 (Rajbhandari et al. 2020 §5.1),
   plus, when the peak falls inside the optimizer step, the temporary of torch's foreach Adam
@@ -58,6 +59,19 @@ def _w_pending_at(split: dict[str, np.ndarray], rank: int, t: float, costs: Stag
                      if "I" in e and e["I"] <= t and not e.get("W", np.inf) <= t))
 
 
+def _before_first_backward(cols: dict[str, np.ndarray], rank: int, t: float, held: list[int],
+                           schedule: Schedule) -> list[int]:
+    """The chunks of ``held`` none of whose B or W actions on ``rank`` has ended by ``t`` (its last
+    compute task): with ``grad_allocation: first-backward`` their gradients are not allocated yet."""
+    mine = ((cols["rank"] == rank) & (cols["category"] == "compute") & np.isin(cols["kind"], ("B", "W"))
+            & ~np.isnan(cols["stage"]))
+    ends: dict[tuple, float] = {}
+    for stage, mb, kind, end in zip(cols["stage"][mine], cols["microbatch"][mine], cols["kind"][mine], cols["end_s"][mine]):
+        ends[(int(stage), mb, kind)] = max(ends.get((int(stage), mb, kind), -np.inf), float(end))
+    done = {schedule.chunk_of(stage) for (stage, _, _), end in ends.items() if end <= t}
+    return [c for c in held if c not in done]
+
+
 def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> list[dict[str, float]]:
     """Split every rank's peak memory into :data:`PARTS` (bytes).
 
@@ -81,6 +95,8 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
         per = costs.static_parts_per_param or (costs.grad_bytes_per_param,) * 2
         weights, grads = params * per[0], params * per[1]
         peak, t = _first_peak(mem, rank)
+        unallocated = costs.lazy_grad_bytes(_before_first_backward(cols, rank, t, held, schedule))
+        static, grads = static - unallocated, grads - unallocated
         dynamic = max(peak - static, 0.0)
         pending = min(_w_pending_at(split, rank, t, costs, schedule), dynamic)
         stepping = (cols["rank"] == rank) & (cols["kind"] == "OPT") & (cols["start_s"] <= t) & (t < cols["end_s"])

@@ -158,6 +158,15 @@ class ParallelConfig(NumbersNotBooleans):
             holds one fp32 temporary per parameter of the optimizer while it steps. torchtitan
             passes ``foreach = not optimizer.fused`` with ``fused`` False by default and builds
             one optimizer per pipeline stage (``OptimizersContainer``), stepped one after another.
+        grad_allocation: when a rank's gradient memory exists: ``static``, all step (Megatron's
+            and DDP's contiguous gradient buffers, allocated once); ``first-backward``, torch
+            without a DDP/FSDP wrapper: ``param.grad`` is None until ``AccumulateGrad`` (or, for a
+            split backward, ``stage_backward_weight``'s ``weight.grad = dw``) first writes it, and
+            the optimizers' ``zero_grad()`` (``set_to_none=True`` by default since torch 2.0)
+            drops it before every step's forwards, so each chunk's gradients are allocated at the
+            end of its first B or W on the rank (:mod:`simtrain.lowering.grads`) and held to
+            the step's end. Needs zero_stage
+            0 and dp 1.
         grad_reduce_dtype: the dtype gradients are accumulated over microbatches in and reduced
             over DP (and between the tied-embedding stages) in; None: the weight-gradient dtype
             (16-bit in bf16/fp16 mixed precision). ``fp32`` is DeepSpeed's ``BF16_Optimizer``
@@ -260,6 +269,7 @@ class ParallelConfig(NumbersNotBooleans):
     w_pending: Literal["gemm-io", "autograd"] = "gemm-io"
     dp_buckets: int = Field(default=4, ge=1)
     optimizer_impl: Literal["fused", "foreach"] = "fused"
+    grad_allocation: Literal["static", "first-backward"] = "static"
     grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] | None = None
     grad_reduce_op: Literal["all-reduce", "reduce-scatter"] | None = None
     p2p_mode: Literal["async", "blocking"] = "async"
@@ -298,6 +308,10 @@ class ParallelConfig(NumbersNotBooleans):
             raise ValueError("grad_reduce_op 'reduce-scatter' with zero_stage 0: a reduce-scatter leaves each rank "
                              "1/dp of the gradient, which only a sharded optimizer can step (choose zero_stage >= 1, "
                              "or grad_reduce_op 'all-reduce')")
+        if self.grad_allocation == "first-backward" and (self.zero_stage or self.dp > 1):
+            raise ValueError(f"grad_allocation 'first-backward' with zero_stage {self.zero_stage} and dp {self.dp}: it "
+                             "is torch's param.grad without a DDP/FSDP wrapper, whose buckets or shards are allocated "
+                             "up front (choose zero_stage 0 and dp 1, or grad_allocation 'static')")
         if self.p2p_mode == "blocking" and self.zero_stage >= 2:
             raise ValueError(f"p2p_mode 'blocking' with zero_stage {self.zero_stage}: DeepSpeed's pipeline engine "
                              "runs ZeRO stage 0 or 1 only (choose zero_stage 0 or 1, or p2p_mode 'async')")

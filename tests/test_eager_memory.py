@@ -102,8 +102,61 @@ def test_r3_runs_eager_and_eager_raises_only_its_no_ac_figures(tmp_path):
     shipped = _r3_rows(tmp_path)
     fused = _r3_rows(tmp_path, kernels="fused")
     assert _r3_rows(tmp_path, kernels="eager") == shipped  # the shipped case is eager (compile = false)
+    # every R3 peak falls in a steady state after each chunk's first backward (or at the step):
+    # allocating the gradients there lowers none of them
+    assert _r3_rows(tmp_path, grad_allocation="static") == pytest.approx(shipped)
     for label, value in shipped.items():
         if "full AC" in label:
             assert value == pytest.approx(fused[label])
         else:
             assert value > 1.05 * fused[label]
+
+
+def _lazy_runs(schedule, **extra):
+    model, hw = load_model("llama3-8b").model_copy(update=dict(vocab_size=2256)), load_profile("h100-sxm")
+    base = dict(pp=4, microbatches=8, seq_len=512, dtype="fp32", recompute="none", **extra)
+    return {g: run_schedule(schedule, model, hw, ParallelConfig(**base, grad_allocation=g))
+            for g in ("static", "first-backward")}
+
+
+def test_gpipe_lazy_gradients_lower_the_peak_by_what_the_first_backward_frees_or_allocates():
+    """GPipe peaks when its forwards end. With lazy gradients, nothing is allocated then, and the
+    first B's end adds the chunk's gradients while freeing one microbatch's activations: the peak
+    falls by the smaller of the two."""
+    runs = _lazy_runs("gpipe")
+    costs = runs["static"].costs
+    for rank in range(4):
+        grads, act = costs.chunks[rank].params * 4, costs.chunks[rank].activation_bytes  # fp32 gradients
+        assert runs["first-backward"].costs.lazy_grad_bytes([rank]) == pytest.approx(grads)
+        static, lazy = (runs[g].report.peak_memory_bytes[rank] for g in ("static", "first-backward"))
+        assert lazy == pytest.approx(static - min(grads, act))
+        part = runs["first-backward"].report.memory_breakdown_bytes[rank]
+        assert part["gradients"] == pytest.approx(grads if grads > act else 0.0)
+        assert sum(part.values()) == pytest.approx(lazy)
+    for g in runs:  # the step still holds every gradient when the optimizer runs
+        assert max(runs[g].result.memory_columns["bytes"][runs[g].result.memory_columns["rank"] == 0]) >= \
+            costs.static_bytes([0])
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved-zb"])
+def test_lazy_gradients_start_lower_and_are_all_held_by_the_optimizer_step(schedule):
+    runs = _lazy_runs(schedule, **({"vp": 2, "w_pending": "autograd"} if schedule == "interleaved-zb" else {}))
+    mem = {g: runs[g].result.memory_columns for g in runs}
+    held = [runs["static"].schedule.chunk_of(s) for s in runs["static"].schedule.stages_of(0)]
+    first = {g: mem[g]["bytes"][mem[g]["rank"] == 0][0] for g in runs}
+    assert first["first-backward"] == pytest.approx(first["static"] - runs["first-backward"].costs.lazy_grad_bytes(held))
+    # a steady state follows the first backward of every chunk, so the peak level is reached again
+    assert runs["first-backward"].report.peak_memory_bytes == pytest.approx(runs["static"].report.peak_memory_bytes)
+    for rank, part in enumerate(runs["first-backward"].report.memory_breakdown_bytes):
+        assert sum(part.values()) == pytest.approx(runs["first-backward"].report.peak_memory_bytes[rank])
+
+
+def test_lazy_gradients_need_torch_without_ddp_or_fsdp():
+    from simtrain.cli.settings import parallel_from
+    from simtrain.errors import SimtrainError
+
+    for bad in ({"dp": 2}, {"zero_stage": 1}):
+        with pytest.raises(SimtrainError, match="grad_allocation 'first-backward'.*DDP/FSDP"):
+            parallel_from({"grad_allocation": "first-backward", **bad}, {}, "job.yaml")
+    with pytest.raises(SimtrainError, match="parallel.grad_allocation.*'static' or 'first-backward'"):
+        parallel_from({"grad_allocation": "never"}, {}, "job.yaml")

@@ -323,4 +323,6 @@ def stage_costs(
         tied_embedding_params=model.vocab_size * model.hidden_size / tp
         if model.tied_embeddings and num_chunks > 1 else 0.0,
         grad_reduce_bytes=kept,
+        lazy_grad_bytes_per_param=static_parts_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard, kept)[1]
+        if parallel.grad_allocation == "first-backward" else 0.0,
     )

@@ -183,6 +183,9 @@ class StageCosts:
             the two all-reduce every step; 0 when untied.
         frozen_static_bytes_per_param: bytes per frozen parameter (the weight alone; sharded
             under ZeRO-3); frozen parameters take no optimizer time.
+        lazy_grad_bytes_per_param: gradient bytes per trainable parameter held from the start of
+            its chunk's first B or W on the rank rather than all step (``grad_allocation:
+            first-backward``); 0: every gradient is static.
         grad_reduce_bytes: bytes per gradient element the DP reduction (all-reduce, or ZeRO-2/3's
             reduce-scatter and unsharded buckets) and the tied-embedding sync move
             (``ParallelConfig.grad_reduce_dtype``); None: ``grad_bytes_per_param``.
@@ -201,6 +204,12 @@ class StageCosts:
     static_parts_per_param: tuple[float, float, float] | None = None
     optimizer_temp_bytes_per_param: float = 0.0
     grad_reduce_bytes: float | None = None
+    lazy_grad_bytes_per_param: float = 0.0
+
+    def lazy_grad_bytes(self, chunks: set[int] | list[int]) -> float:
+        """Of :meth:`static_bytes`, the gradient bytes of ``chunks`` that a rank allocates only at
+        each chunk's first B or W (``ParallelConfig.grad_allocation``; 0 when static)."""
+        return sum(self.chunks[c].params - self.chunks[c].frozen_params for c in chunks) * self.lazy_grad_bytes_per_param
 
     def optimizer_temp_bytes(self, chunks: set[int] | list[int]) -> float:
         """Transient bytes of the optimizer step of a rank holding ``chunks``: the largest chunk's

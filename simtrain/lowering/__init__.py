@@ -9,7 +9,9 @@ compute-only schedule through ``_add_unshard_reshard`` and ``_add_send_recv``):
    overlapped F&B pair, an action on an MoE stage) becomes one chain of compute slices, TP
    collectives and MoE blocks, emitted by one emitter on the rank's streams in schedule order,
    with its memory deltas (F allocates its activation; B frees it; I frees all but what W
-   needs; W frees the rest; a forward-only F frees it when it ends);
+   needs; W frees the rest; a forward-only F frees it when it ends); with ``grad_allocation:
+   first-backward``, :func:`~simtrain.lowering.grads.add_lazy_gradients` then allocates each
+   chunk's gradients at its first B or W instead of in the static memory;
 2. :func:`~simtrain.lowering.comms.add_p2p`: data dependencies along each microbatch's path, a
    p2p send where two stages sit on different ranks; every schedule gets its communication
    without code of its own (``p2p_mode: blocking``:
@@ -45,6 +47,7 @@ from .chains import emit_chains
 from .comms import (add_embedding_sync, add_gradient_reduction, add_optimizer, add_p2p, add_runtime_overheads, gradient_holders,
                     weight_grad_finishers)
 from .blocking import add_blocking_p2p, after_last_instruction
+from .grads import add_lazy_gradients
 from .items import Lowering
 from .offload import add_offload
 from .queues import add_hardware_queues
@@ -85,6 +88,7 @@ def _lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool
     reducing = gradient_actions(schedule) if zero_stage >= 2 else weight_grad_finishers(schedule)
     grad_buckets = {a for a in reducing if dp * len(holders[a.stage]) > 1} if reduce else set()
     emit_chains(low, grad_buckets)
+    add_lazy_gradients(low)
     blocking = topology.parallel.p2p_mode == "blocking" and low.training
     done = add_blocking_p2p(low) if blocking else add_p2p(low)
     if reduce:

@@ -195,7 +195,7 @@ def _emit_step(low: Lowering, rank: int, chains: list[Chain], after: list[int], 
     for ch in chains:
         a = ch.action
         ch.compute[0].mem_start, ch.compute[-1].mem_end = memory(a, ch.chunk, rank, forward_only)
-        low.first[a], low.last[a] = ch.compute[0], ch.tasks[-1]
+        low.first[a], low.last[a], low.freed[a] = ch.compute[0], ch.tasks[-1], ch.compute[-1]
     if len(chains) == 2 and low.topology.hardware.overlap_sends == "after_pair":
         for ch in chains:  # both sends wait for the later-built half's end
             low.last[ch.action] = max(ends, key=lambda t: t.tid)

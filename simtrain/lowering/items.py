@@ -109,6 +109,7 @@ class Lowering:
         held: the chunks each rank holds.
         first, last: the first task of each action (its dependencies attach there) and the task
             whose end means it is done.
+        freed: the action's last compute task, at whose end its memory is freed.
         bucket_after: for each action that completes a stage's weight gradients, the task after
             which each of its gradient buckets is ready.
         dp_tasks: each rank's gradient-reduction tasks (its optimizer waits for them).
@@ -128,6 +129,7 @@ class Lowering:
     held: list[set[int]]
     first: dict[Action, Task] = field(default_factory=dict)
     last: dict[Action, Task] = field(default_factory=dict)
+    freed: dict[Action, Task] = field(default_factory=dict)
     bucket_after: dict[Action, list[Task]] = field(default_factory=dict)
     dp_tasks: dict[int, list[Task]] = field(default_factory=dict)
     tp_cache: dict[tuple, tuple[float, tuple[str, ...]]] = field(default_factory=dict)

@@ -18,7 +18,9 @@ into those parts:
 * ``w_pending``: at the peak instant, the inputs and output gradients held for W by every
   (stage, microbatch) whose I has ended and whose W has not (Qi et al. 2023, zero bubble);
 * ``activations``: the rest of the peak above the static bytes;
-* ``comm_buffers`` and ``allocator_reserve``: 0. NCCL's internal buffers (``NCCL_BUFFSIZE``,
+* ``comm_buffers``: the pipeline runtime's receive buffers held all step (``pp_buffers:
+  per-microbatch``, :mod:`simtrain.costs.pipelining`), else 0;
+* NCCL's internal buffers and ``allocator_reserve``: 0. NCCL's internal buffers (``NCCL_BUFFSIZE``,
   4 MiB per channel and peer by default, NCCL environment-variable docs) depend on the channel
   count NCCL picks at run time, and the caching allocator's reserved-but-unallocated bytes were
   measured from about 2 % (vllm-project/compressed-tensors#587: 1.83 of 78.09 GiB) to 21 %
@@ -90,19 +92,19 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
     rows = []
     for rank in range(schedule.num_ranks):
         held = sorted({schedule.chunk_of(s) for s in schedule.stages_of(rank)})
-        static = costs.static_bytes(held)
+        static, buffers = costs.static_bytes(held), costs.recv_buffer_bytes(held)
         params = sum(costs.chunks[c].params for c in held)
         per = costs.static_parts_per_param or (costs.grad_bytes_per_param,) * 2
         weights, grads = params * per[0], params * per[1]
         peak, t = _first_peak(mem, rank)
         unallocated = costs.lazy_grad_bytes(_before_first_backward(cols, rank, t, held, schedule))
         static, grads = static - unallocated, grads - unallocated
-        dynamic = max(peak - static, 0.0)
+        dynamic = max(peak - static - buffers, 0.0)
         pending = min(_w_pending_at(split, rank, t, costs, schedule), dynamic)
         stepping = (cols["rank"] == rank) & (cols["kind"] == "OPT") & (cols["start_s"] <= t) & (t < cols["end_s"])
         temp = min(costs.optimizer_temp_bytes(held), dynamic - pending) if stepping.any() else 0.0
         rows.append(dict(weights=weights, gradients=grads, optimizer_states=static - weights - grads + temp,
-                         activations=dynamic - pending - temp, w_pending=pending, comm_buffers=0.0,
+                         activations=dynamic - pending - temp, w_pending=pending, comm_buffers=buffers,
                          allocator_reserve=ALLOCATOR_RESERVE_FRACTION * peak))
     return rows
 

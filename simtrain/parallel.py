@@ -165,8 +165,13 @@ class ParallelConfig(NumbersNotBooleans):
             the optimizers' ``zero_grad()`` (``set_to_none=True`` by default since torch 2.0)
             drops it before every step's forwards, so each chunk's gradients are allocated at the
             end of its first B or W on the rank (:mod:`simtrain.lowering.grads`) and held to
-            the step's end. Needs zero_stage
-            0 and dp 1.
+            the step's end. Needs zero_stage 0 and dp 1.
+        pp_buffers: the pipeline runtime's activation buffers: ``per-transfer``, none beyond the
+            stage inputs (a receive allocates the input; a sent output is dropped, as Megatron-LM's
+            ``deallocate_output_tensor``); ``per-microbatch``, torch.distributed.pipelining's
+            ``PipelineStage``: one input and one output-gradient receive buffer per microbatch,
+            held all step, and each forward's output kept until its backward
+            (:mod:`simtrain.costs.pipelining`).
         grad_reduce_dtype: the dtype gradients are accumulated over microbatches in and reduced
             over DP (and between the tied-embedding stages) in; None: the weight-gradient dtype
             (16-bit in bf16/fp16 mixed precision). ``fp32`` is DeepSpeed's ``BF16_Optimizer``
@@ -270,6 +275,7 @@ class ParallelConfig(NumbersNotBooleans):
     dp_buckets: int = Field(default=4, ge=1)
     optimizer_impl: Literal["fused", "foreach"] = "fused"
     grad_allocation: Literal["static", "first-backward"] = "static"
+    pp_buffers: Literal["per-transfer", "per-microbatch"] = "per-transfer"
     grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] | None = None
     grad_reduce_op: Literal["all-reduce", "reduce-scatter"] | None = None
     p2p_mode: Literal["async", "blocking"] = "async"

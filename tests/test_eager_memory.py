@@ -103,8 +103,9 @@ def test_r3_runs_eager_and_eager_raises_only_its_no_ac_figures(tmp_path):
     fused = _r3_rows(tmp_path, kernels="fused")
     assert _r3_rows(tmp_path, kernels="eager") == shipped  # the shipped case is eager (compile = false)
     # every R3 peak falls in a steady state after each chunk's first backward (or at the step):
-    # allocating the gradients there lowers none of them
-    assert _r3_rows(tmp_path, grad_allocation="static") == pytest.approx(shipped)
+    # allocating the gradients there lowers them by less than one 8 MiB activation
+    static = _r3_rows(tmp_path, grad_allocation="static")
+    assert all(0 <= static[k] - shipped[k] <= 512 * 4096 * 4 / 2**30 for k in shipped)
     for label, value in shipped.items():
         if "full AC" in label:
             assert value == pytest.approx(fused[label])
@@ -160,3 +161,43 @@ def test_lazy_gradients_need_torch_without_ddp_or_fsdp():
             parallel_from({"grad_allocation": "first-backward", **bad}, {}, "job.yaml")
     with pytest.raises(SimtrainError, match="parallel.grad_allocation.*'static' or 'first-backward'"):
         parallel_from({"grad_allocation": "never"}, {}, "job.yaml")
+
+
+def test_stage_buffers_per_microbatch_follow_torch_pipelining_stage():
+    from simtrain.costs.pipelining import stage_buffers
+
+    p, m = 8.0, 16
+    first, middle, last = (stage_buffers(p, m, f, l, True, False) for f, l in ((True, False), (False, False),
+                                                                              (False, True)))
+    assert (first.static, middle.static, last.static) == (m * p, 2 * m * p, m * p)  # grad recv; both; act recv
+    # the kept output adds one activation; the received input is the buffer, not a second copy
+    assert (first.activation_delta, middle.activation_delta, last.activation_delta) == (p, 0.0, -p)
+    assert stage_buffers(p, m, False, False, False, False).activation_delta == p  # eager bf16 saves a copy
+    assert stage_buffers(p, m, False, True, True, True).held_delta == -p  # the autograd graph holds the input
+
+
+def test_per_microbatch_buffers_are_static_comm_buffers_and_change_each_chunks_activations():
+    model, hw = load_model("llama3-8b").model_copy(update=dict(vocab_size=2256)), load_profile("h100-sxm")
+    base = dict(pp=4, microbatches=8, seq_len=512, dtype="fp32", recompute="none")
+    runs = {b: run_schedule("1f1b", model, hw, ParallelConfig(**base, pp_buffers=b))
+            for b in ("per-transfer", "per-microbatch")}
+    old, new = (runs[b].costs.chunks for b in runs)
+    p2p = 512 * model.hidden_size * 4
+    assert [n.activation_bytes - o.activation_bytes for o, n in zip(old, new)] == pytest.approx([p2p, 0, 0, -p2p])
+    assert [c.recv_buffer_bytes for c in new] == [8 * p2p, 16 * p2p, 16 * p2p, 8 * p2p]
+    for rank in range(4):
+        part = runs["per-microbatch"].report.memory_breakdown_bytes[rank]
+        assert part["comm_buffers"] == new[rank].recv_buffer_bytes
+        assert sum(part.values()) == pytest.approx(runs["per-microbatch"].report.peak_memory_bytes[rank])
+        assert runs["per-transfer"].report.memory_breakdown_bytes[rank]["comm_buffers"] == 0.0
+
+
+def test_r3_receive_buffers_add_three_buffers_per_microbatch_to_the_full_ac_step_peak(tmp_path):
+    without = _r3_rows(tmp_path, pp_buffers="per-transfer")
+    shipped = _r3_rows(tmp_path)
+    assert _r3_rows(tmp_path, pp_buffers="per-microbatch") == shipped
+    # rank 0 holds stages 0 (output-gradient buffers) and 8 (input and output-gradient buffers),
+    # 16 microbatches of 512 x 4096 fp32 each; its full-AC peak is the optimizer step
+    label = "Interleaved1F1B rank 0, full AC"
+    assert shipped[label] - without[label] == pytest.approx(3 * 16 * 512 * 4096 * 4 / 2**30)
+    assert all(shipped[k] > without[k] for k in shipped)

@@ -14,7 +14,8 @@ from ..moe import check_expert_parallel, chunk_cost, gpu_layer_params, imbalance
 from ..network import Collective
 from ..parallel import ParallelConfig
 from .context import check_context_parallel, cp_declaration
-from .saved import eager_head_bytes
+from .pipelining import StageBuffers, stage_buffers
+from .saved import applies as saved_applies, eager_head_bytes
 from .trainable import check_trainable, is_frozen, layer_adapter
 from .layers import FP8_CACHE_BYTES, elementwise_s, gemm_seconds, layer_shape, linear_layers
 from .types import (OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts, grad_accumulate_bytes_per_param,
@@ -212,6 +213,19 @@ def _add_head(sums: _Sums, st: _Setting) -> None:
     sums.w += 0.0 if frozen else stored + tokens * v / tp * elem
 
 
+def _pp_buffers(st: _Setting, p2p: float, layers: tuple[int, ...], first: bool, last: bool) -> StageBuffers:
+    """The pipeline runtime's buffers for one chunk (``ParallelConfig.pp_buffers``): none for
+    ``per-transfer``; torch.distributed.pipelining's for ``per-microbatch``
+    (:func:`simtrain.costs.pipelining.stage_buffers`). The chunk's first layer saves the received
+    tensor itself unless it is an eager 16-bit block, which saves an fp32 copy of it."""
+    par = st.parallel
+    if par.pp_buffers == "per-transfer" or not layers:
+        return StageBuffers()
+    copies = par.kernels == "eager" and st.elem < 4 and saved_applies(st.model, layers[0])
+    return stage_buffers(p2p, par.microbatches, first, last, par.recompute == "full" or not copies,
+                         par.w_pending == "autograd")
+
+
 def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
     """The :class:`ChunkCost` of chunk ``c`` holding ``layers``."""
     model, parallel, tp = st.model, st.parallel, st.parallel.tp
@@ -235,14 +249,16 @@ def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
     slow_i, slow_w = slow.get("I", slow_b), slow.get("W", slow_b)
     split = (slow_i, slow_w) != (slow_b, slow_b)
     cp = cp_declaration(model, parallel, st.tokens, len(layers), sums.attn_f_s * slow_f, sums.attn_b_s * slow_i)
+    p2p = st.hidden_bytes / (tp if parallel.sequence_parallel else 1)
+    buf = _pp_buffers(st, p2p, layers, has_emb, has_head)
     return ChunkCost(
         chunk=c, layers=layers, has_embedding=has_emb, has_head=has_head,
         forward_s=sums.f_s * slow_f + extra_f,
         backward_input_s=(sums.i_s + sums.recompute_s) * slow_i + extra_i,
         backward_weight_s=sums.w_s * slow_w + extra_w,
         forward_flops=sums.gemm + sums.attn, backward_input_flops=sums.gemm + 2 * sums.attn,
-        backward_weight_flops=sums.w_gemm, activation_bytes=sums.act, weight_grad_bytes=sums.w,
-        p2p_bytes=st.hidden_bytes / (tp if parallel.sequence_parallel else 1),
+        backward_weight_flops=sums.w_gemm, activation_bytes=sums.act + buf.activation_delta,
+        weight_grad_bytes=sums.w + buf.held_delta, p2p_bytes=p2p, recv_buffer_bytes=buf.static,
         params=sums.params, expert_params=sums.expert_params, frozen_params=sums.frozen_params, moe=moe,
         full_backward_s=(sums.i_s + sums.recompute_s + sums.w_s) * slow_b if split else None,
         tp_forward=(tp_f,) if tp > 1 and layers else (), tp_backward=(tp_b,) if tp > 1 and layers else (),

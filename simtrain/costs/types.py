@@ -116,6 +116,8 @@ class ChunkCost:
             layers' linear GEMMs, the GEMMs next to the TP collectives that ``--tp-overlap`` hides
             behind (:func:`simtrain.lowering.chains.tp_seconds`); None where unknown (the action's
             whole compute is then the window).
+        recv_buffer_bytes: receive buffers the pipeline runtime holds all step for this chunk
+            (``ParallelConfig.pp_buffers``, :mod:`simtrain.costs.pipelining`); 0 by default.
     """
 
     chunk: int
@@ -143,6 +145,7 @@ class ChunkCost:
     cp_hide_forward_s: float = 0.0
     cp_hide_backward_s: float = 0.0
     gemm_s: tuple[float, float, float] | None = None
+    recv_buffer_bytes: float = 0.0
 
     @property
     def backward_s(self) -> float:
@@ -210,6 +213,10 @@ class StageCosts:
         """Of :meth:`static_bytes`, the gradient bytes of ``chunks`` that a rank allocates only at
         each chunk's first B or W (``ParallelConfig.grad_allocation``; 0 when static)."""
         return sum(self.chunks[c].params - self.chunks[c].frozen_params for c in chunks) * self.lazy_grad_bytes_per_param
+
+    def recv_buffer_bytes(self, chunks: set[int] | list[int]) -> float:
+        """Pipeline receive buffers a rank holding ``chunks`` keeps all step (bytes)."""
+        return sum(self.chunks[c].recv_buffer_bytes for c in chunks)
 
     def optimizer_temp_bytes(self, chunks: set[int] | list[int]) -> float:
         """Transient bytes of the optimizer step of a rank holding ``chunks``: the largest chunk's

@@ -80,7 +80,7 @@ def _lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool
         schedule, costs, topology, comm, waves, TaskGraph(num_ranks=schedule.num_ranks),
         chunk=[costs.chunks[schedule.chunk_of(s)] for s in range(schedule.num_stages)], held=held,
     )
-    low.graph.static_memory_bytes = [costs.static_bytes(h) for h in held]
+    low.graph.static_memory_bytes = [costs.static_bytes(h) + costs.recv_buffer_bytes(h) for h in held]
     reduce = comm and low.training
     holders = gradient_holders(schedule)
     dp, zero_stage = topology.parallel.dp_cp, topology.parallel.zero_stage

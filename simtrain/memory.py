@@ -19,13 +19,16 @@ into those parts:
   (stage, microbatch) whose I has ended and whose W has not (Qi et al. 2023, zero bubble);
 * ``activations``: the rest of the peak above the static bytes;
 * ``comm_buffers``: the pipeline runtime's receive buffers held all step (``pp_buffers:
-  per-microbatch``, :mod:`simtrain.costs.pipelining`), else 0;
-* NCCL's internal buffers and ``allocator_reserve``: 0. NCCL's internal buffers (``NCCL_BUFFSIZE``,
-  4 MiB per channel and peer by default, NCCL environment-variable docs) depend on the channel
-  count NCCL picks at run time, and the caching allocator's reserved-but-unallocated bytes were
+  per-microbatch``, :mod:`simtrain.costs.pipelining`), else 0. NCCL's internal buffers
+  (``NCCL_BUFFSIZE``, 4 MiB per channel and peer by default, NCCL environment-variable docs)
+  are not in it: they depend on the channel count NCCL picks at run time;
+* ``allocator_reserve``: 0. The caching allocator's reserved-but-unallocated bytes were
   measured from about 2 % (vllm-project/compressed-tensors#587: 1.83 of 78.09 GiB) to 21 %
   (meta-pytorch/torchrec#4584: 93 GiB reserved for 77 GiB allocated) of the peak: no single
-  measurement gives a default, so none is added (see :data:`ALLOCATOR_RESERVE_FRACTION`).
+  measurement gives a default, so none is added (see :data:`ALLOCATOR_RESERVE_FRACTION`). Its
+  block rounding (``c10/cuda/CUDACachingAllocator.cpp``: 512 B, and 2 MiB multiples above
+  10 MiB) adds almost nothing to layer-sized tensors, and the rest is fragmentation, which
+  depends on the tensor-by-tensor allocation order that the per-action timeline does not hold.
 
 The parts add up to the rank's peak of the timeline; ``fits_in_hbm`` compares their sum with HBM.
 """

@@ -267,9 +267,9 @@ class _Caches:
         return self._priced(flat, lambda: self.req.parallel(cfg))
 
     def _flat_reference(self, cfg: Config) -> StageCosts:
-        """:meth:`reference` before the cost model's hook (the flat model's costs)."""
+        """:meth:`reference` before the cost model's hook (the flat model's costs; no ``pp_buffers``: a lower bound)."""
         moe = self.req.model.moe is not None
-        par = self.req.parallel(cfg).model_copy(update=dict(pp=1, vp=1, microbatches=1))
+        par = self.req.parallel(cfg).model_copy(update=dict(pp=1, vp=1, microbatches=1, pp_buffers="per-transfer"))
         layers = self.req.model.num_layers
         base = par.model_copy(update=dict(dp=par.dp if moe else 1, zero_stage=par.zero_stage if moe else 0))
         ref = self._cached(("ref", cfg.tp, cfg.ep, cfg.microbatch_size, cfg.recompute, base.dp, base.zero_stage),

@@ -138,7 +138,8 @@ def memory_bound(shapes: tuple[RankShape, ...], costs: StageCosts) -> float:
     for sh in shapes:
         per_unit = np.array([costs.chunks[c].activation_bytes for c in sh.chunks]
                             + [costs.chunks[c].weight_grad_bytes for c in sh.chunks])
-        worst = max(worst, costs.static_bytes(sh.chunks) + float((sh.memory_rows @ per_unit).max()))
+        static = costs.static_bytes(sh.chunks) - costs.lazy_grad_bytes(sh.chunks)  # grad_allocation: at least
+        worst = max(worst, static + float((sh.memory_rows @ per_unit).max()))
     return worst
 
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from .collectives import Group as Placement
 from .collectives import estimate_group
 from .deepep import FORWARD_CEILING_BYTES_PER_S
@@ -241,17 +243,18 @@ class Topology:
     def _placement(self, dim: GroupDim, pp_rank: int, holders: tuple[int, ...] | None) -> Placement:
         p, per_node = self.parallel, self.hardware.gpus_per_node
         holders = (pp_rank,) if holders is None else holders
+        # gpu_id is affine in each index, so numpy broadcasts it over the whole group at once
+        h = np.asarray(holders).reshape(-1, 1, 1)
         if dim in ("tp", "ep"):
-            first = p.gpu_id(pp_rank)
-            ids = [first + i for i in range(p.tp if dim == "tp" else p.ep)]
+            ids = p.gpu_id(pp_rank) + np.arange(p.tp if dim == "tp" else p.ep)
         elif dim == "cp":
-            ids = [p.gpu_id(pp_rank, cp_rank=c) for c in range(p.cp)]
+            ids = p.gpu_id(pp_rank, cp_rank=np.arange(p.cp))
         elif dim == "dp":  # the DP replicas and their CP ranks (they hold the same parameters)
-            ids = [p.gpu_id(h, d, cp_rank=c) for h in holders for d in range(p.dp) for c in range(p.cp)]
+            ids = p.gpu_id(h, np.arange(p.dp).reshape(1, -1, 1), cp_rank=np.arange(p.cp).reshape(1, 1, -1))
         else:
-            ids = [p.gpu_id(h) + p.ep * i for h in holders for i in range(p.expert_dp)]
-        nodes = [i // per_node for i in ids]
-        return Placement(len(ids), max(nodes.count(n) for n in set(nodes)), len(set(nodes)))
+            ids = p.gpu_id(h) + p.ep * np.arange(p.expert_dp).reshape(1, -1, 1)
+        per = np.unique(np.ravel(ids) // per_node, return_counts=True)[1]
+        return Placement(int(per.sum()), int(per.max()), len(per))
 
     def all_to_all(self, c: Collective, pp_rank: int = 0) -> tuple[A2APart, ...]:
         """The per-link-class parts of an EP all-to-all (hierarchical: NVLink and NICs at once,

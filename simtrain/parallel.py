@@ -107,6 +107,11 @@ class Group:
     span: tuple[int, int]
 
 
+MAX_GPUS = 1 << 24
+"""The largest world simtrain simulates (16.8 M GPUs, far above the largest training clusters, ~1e5 GPUs):
+the group placements it prices hold one index per GPU of a group."""
+
+
 class ParallelConfig(NumbersNotBooleans):
     """Degrees of parallelism and the shape of one training step.
 
@@ -302,6 +307,9 @@ class ParallelConfig(NumbersNotBooleans):
 
     @model_validator(mode="after")
     def _order_fits_ep(self) -> ParallelConfig:
+        if self.tp * self.cp * self.pp * self.dp > MAX_GPUS:
+            raise ValueError(f"tp x cp x pp x dp = {self.tp * self.cp * self.pp * self.dp:,} GPUs: at most "
+                             f"{MAX_GPUS:,} (2^24) are simulated")
         if self.ep > 1 and self.rank_order == "tp-pp-dp":
             raise ValueError("rank_order 'tp-pp-dp' cannot carve EP groups out of a stage's GPUs; "
                              "use 'tp-dp-pp' (the default with ep > 1)")

@@ -31,7 +31,7 @@ from .hardware import HardwareProfile
 from .models import ModelSpec
 from .network import Topology
 from .parallel import ParallelConfig
-from .plan_bounds import (MeanBounds, aggregate, cheap_step_bound, mean_bounds, memory_bound, schedule_shape,
+from .plan_bounds import (MeanBounds, aggregate, cheap_step_bound, divisors, mean_bounds, memory_bound, schedule_shape,
                           scale_shape, shape_microbatches, step_bound)
 from .schedules import REGISTRY, Schedule, ScheduleError, ScheduleWarning, split_name
 
@@ -139,10 +139,6 @@ class Config:
                               attention=attention)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def enumerate_space(req: PlanRequest) -> Iterator[tuple[Config, str | None]]:
     """Every point of the space, with the first cheap reason it cannot run (or None).
 
@@ -151,13 +147,13 @@ def enumerate_space(req: PlanRequest) -> Iterator[tuple[Config, str | None]]:
         whose global batch does not divide keeps ``microbatches = 0``.
     """
     max_tp = req.max_tp or req.hardware.gpus_per_node
-    counts = _divisors(req.gpus) if req.objective == "tokens-per-gpu" else [req.gpus]
+    counts = divisors(req.gpus) if req.objective == "tokens-per-gpu" else [req.gpus]
     moe = req.model.moe
     for g in counts:
-        for tp in [t for t in _divisors(g) if t <= max_tp]:
-            for pp in _divisors(g // tp):
+        for tp in [t for t in divisors(g) if t <= max_tp]:
+            for pp in divisors(g // tp):
                 dp = g // (tp * pp)
-                eps = [e for e in _divisors(dp * tp) if moe.num_experts % e == 0] if moe else [1]
+                eps = [e for e in divisors(dp * tp) if moe.num_experts % e == 0] if moe else [1]
                 for ep in eps:
                     for b in MICROBATCH_SIZES:
                         m, rest = divmod(req.global_batch, dp * b)

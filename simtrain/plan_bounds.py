@@ -32,6 +32,7 @@ one action is taken off, as above).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -65,6 +66,13 @@ class RankShape:
 
 
 _DELTA = {"F": (1, 0), "B": (-1, 0), "I": (-1, 1), "W": (0, -1)}  # (activation, W-share) units
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of ``n`` >= 1, ascending (trial division up to sqrt(n): O(sqrt n), so a
+    request for a billion GPUs enumerates in milliseconds)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def shape_microbatches(microbatches: int, ranks: int, paired: bool = False) -> int:

@@ -377,3 +377,24 @@ def test_degenerate_yaml(tmp_path, text, needle):
 def test_op_times_are_bounded():
     one_error(invoke("compare", *SMALL, "--hardware", "h100-sxm", "--op-times", "1e308,1,1"),
               "--op-times", "from 0 to 1e+06 seconds")
+
+
+# ----------------------------------------------------------------------------- huge worlds
+def test_a_world_beyond_the_simulated_maximum_is_one_error_and_a_large_one_runs():
+    """A hundred million GPUs is refused at once (no hang); a million-way DP group is placed by
+    numpy in well under the task ceiling's time (the placement had been quadratic in the group)."""
+    one_error(invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--tp", "8", "--dp", 100_000_000, "--schedules", "1f1b",
+                     "--json"), "tp x cp x pp x dp = 800,000,000 GPUs", "16,777,216")
+    one_error(invoke("plan", "--model", "llama3-8b", "--hardware", "h100-sxm", "--gpus", 1_000_000_000,
+                     "--global-batch", 8), "--gpus", "16777216")
+    res = invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--tp", "8", "--dp", 1_000_000,
+                 "--schedules", "1f1b", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)[0]["step_time_s"] > 0
+
+
+def test_divisors_are_every_divisor_in_order():
+    from simtrain.plan_bounds import divisors
+    for n in (1, 2, 12, 36, 97, 360, 1024):
+        assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    assert len(divisors(10**9)) == 100

@@ -22,6 +22,7 @@ from ..errors import SimtrainError
 from ..export import check_output_path, write_output
 from ..hardware import GiB, load_profile
 from ..models import load_model
+from ..parallel import MAX_GPUS
 from ..plan import PlanRequest, config_of_row, search, summarise
 from ..plan_backends import make_backend
 from ..scenario import run_schedule
@@ -91,7 +92,7 @@ def _print_tables(summary: dict, subtitle: str) -> None:
 def plan(
     model: Annotated[str, typer.Option(help="model preset name or YAML file")],
     hardware: Annotated[str, typer.Option(help="hardware profile name or YAML file")],
-    gpus: Annotated[int, typer.Option(help="GPUs available (N)", min=1)],
+    gpus: Annotated[int, typer.Option(help="GPUs available (N)", min=1, max=MAX_GPUS)],
     global_batch: Annotated[int, typer.Option(help="sequences per optimizer step (B)", min=1)],
     seq_len: Annotated[Optional[int], typer.Option(help="tokens per sequence (default: the model's)", min=1)] = None,
     schedules: Annotated[str, typer.Option(help="comma-separated schedule names, or 'all'")] = "all",

@@ -40,6 +40,30 @@ def test_a100_borrows_the_shape_curve_scaled_to_its_measured_maximum():
     assert np.allclose(ratio, ratio.flat[0])
 
 
+@pytest.mark.parametrize("profile", ["h100-sxm", "h200-sxm", "h800", "a100-sxm-80gb", "b200"])
+def test_no_gemm_rate_exceeds_the_profiles_dense_peak(profile):
+    """A dense GEMM cannot beat the datasheet peak: OpenXLA's sm_90 FP8 entries (up to 2621 TFLOP/s,
+    H100 SXM's dense FP8 peak is 1978.9) and its f32 entries (403, a TF32 rate) did."""
+    hw = load_profile(profile)
+    rates = rates_for(hw)
+    for dtype, table in rates.gemm.items():
+        if dtype in hw.peak_flops:
+            assert table.max() <= hw.peak_flops[dtype], (profile, dtype)
+    assert rates_for(hw).gemm_flops_per_s(8192, 8192, 8192, "bf16") < hw.peak_flops["bf16"]
+
+
+def test_h100_fp8_is_the_bf16_shape_curve_scaled_to_the_measured_fp8_maximum():
+    """stas00/ml-engineering MAMF table: H100 SXM float8_e4m3fn 1402.6 TFLOP/s (single GEMM, b = 1)."""
+    h100 = kernel_rates("sm_90")
+    assert h100.gemm["fp8"][0].max() == pytest.approx(1402.6 * TFLOPS)
+    ratio = h100.gemm["fp8"] / h100.gemm["bf16"]
+    assert np.allclose(ratio, ratio.flat[0])
+    data = copy.deepcopy(load_yaml_file(OP_DATA))
+    del data["kinds"]["sm_90"]["gemm"]["tflops"]["bf16"]
+    with pytest.raises(SimtrainError, match="mamf_tflops: scales the kind's bf16 table"):
+        parse_op_data(data, "t.yaml")
+
+
 def _ctx(model="llama3-8b", hw="h100-sxm", attention="flash", **par):
     m, h = load_model(model), load_profile(hw)
     p = ParallelConfig(**{"tp": 2, "pp": 2, "microbatches": 4, "seq_len": 2048, **par})

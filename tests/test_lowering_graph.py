@@ -27,7 +27,7 @@ def _chunk(c: int) -> ChunkCost:
     )
 
 
-def _graph():
+def _graph(optimizer_s_per_param: float = 0.0):
     # links of 1 B/s (peer: 1000 B/s), no latency, no NVLS: a ring all-reduce of M bytes over 2 GPUs
     # takes 2 x 1/2 x M = M seconds plus NCCL's ring/Simple latency (NCCL_LAT_S), a p2p of 1000 bytes 1 s
     hw = load_profile("h100-sxm")
@@ -39,7 +39,7 @@ def _graph():
                                                  for o in ("0F0 0B0", "1F0 1B0")))
     schedule.validate()
     costs = StageCosts(chunks=(_chunk(0), _chunk(1)), static_bytes_per_param=16.0, grad_bytes_per_param=2.0,
-                       optimizer_s_per_param=0.0, tokens_per_microbatch=1)
+                       optimizer_s_per_param=optimizer_s_per_param, tokens_per_microbatch=1)
     return lower(schedule, costs, Topology(hw, parallel))
 
 
@@ -71,6 +71,20 @@ def test_a_hand_built_schedule_lowers_to_the_exact_graph():
            for t in graph.tasks]
     assert [g[3] for g in got] == pytest.approx([e[3] for e in expected], rel=1e-12)
     assert [g[:3] + g[4:] for g in got] == [e[:3] + e[4:] for e in expected]
+
+
+def test_the_optimizer_step_waits_for_the_last_backwards_tp_collective():
+    """The last backward's TP all-reduce carries the input gradient (Megatron issues it on the
+    compute stream before the optimizer's kernels): the step depends on it, its compute and its
+    gradient buckets, not on the compute alone."""
+    graph = _graph(optimizer_s_per_param=0.1)
+    tid = {(t.name, t.rank): t.tid for t in graph.tasks}
+    for rank in (0, 1):
+        opt = next(t for t in graph.tasks if t.name == "optimizer step" and t.rank == rank)
+        assert opt.duration_s == pytest.approx(1.0)  # 10 parameters x 0.1 s
+        last_compute = max(t.tid for t in graph.tasks if t.name == f"{rank}B0")  # B's 2nd bucket slice
+        assert set(opt.deps) == {last_compute, tid[f"tp {rank}B0", rank],
+                                 tid[f"dp grad stage {rank} bucket 0", rank], tid[f"dp grad stage {rank} bucket 1", rank]}
 
 
 def test_memory_returns_to_static_and_every_action_is_lowered_once():

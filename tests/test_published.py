@@ -19,7 +19,9 @@ def test_the_suite_has_at_least_ten_figures_from_five_cases_with_sources():
     suite = load_suite()
     assert len(suite.cases) >= 5 and sum(len(c.figures) for c in suite.cases) >= 10
     assert all(c.source and c.figures for c in suite.cases)
-    assert {"R1-megatron-175b", "R2-llama3-405b", "R3-torchtitan-llama3-8b-pp8"} <= {c.name for c in suite.cases}
+    assert {"R1-megatron-175b", "R2-llama3-405b", "R3-torchtitan-llama3-8b-pp8", "korthikanti-2022-table5",
+            "megatron-bridge-h100-fp8"} <= {c.name for c in suite.cases}
+    assert all(c.assumptions for c in suite.cases)
 
 
 def test_rows_are_predicted_per_figure_with_the_relative_error():
@@ -101,3 +103,47 @@ def test_the_network_cases_are_the_collective_models_own_numbers(tmp_path):
     bad.write_text(yaml.safe_dump(data))
     with pytest.raises(SimtrainError, match="R4-deepep-h800 figure 1 .*needs tokens, hidden and topk"):
         run_suite(path=bad, cases=["R4-deepep-h800"])
+
+
+def _only(tmp_path, case_name, keep):
+    """A copy of the suite with only ``case_name``'s figures whose label starts with one of ``keep``."""
+    data = yaml.safe_load(suite_path().read_text())
+    case = next(c for c in data["cases"] if c["name"] == case_name)
+    case["figures"] = [f for f in case["figures"] if f["label"].startswith(keep)]
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path, data, case
+
+
+def test_a_case_with_fp8_gemms_runs_them_in_fp8_under_ops_and_as_dtype_fp8_under_flat(tmp_path):
+    """Megatron-Bridge's H100 FP8 rows: --fp8 gemms for the per-operator model; the flat model,
+    which has no per-GEMM precision, runs the case with dtype fp8."""
+    from simtrain.hardware import load_profile
+    from simtrain.models import load_model
+    from simtrain.parallel import ParallelConfig
+    from simtrain.scenario import run_schedule
+
+    path, data, case = _only(tmp_path, "megatron-bridge-h100-fp8", ("Llama 3 70B",))
+    [fp8] = run_suite(published_runtime, path=path, cases=[case["name"]])
+    del case["fp8"]
+    path.write_text(yaml.safe_dump(data))
+    [bf16] = run_suite(published_runtime, path=path, cases=[case["name"]])
+    assert fp8.predicted > 1.2 * bf16.predicted  # the linear layers' GEMMs at the FP8 rate
+    case["fp8"] = "gemms"
+    path.write_text(yaml.safe_dump(data))
+    [flat] = run_suite(None, path=path, cases=[case["name"]])
+    fig = case["figures"][0]
+    model = load_model("llama3-70b").model_copy(update=dict(fig["model"], published_total_params=None))
+    parallel = ParallelConfig(attention="flash", **{**case["settings"], **fig["settings"], "dtype": "fp8"})
+    run = run_schedule(case["schedule"], model, load_profile("h100-sxm"), parallel)
+    assert flat.predicted == pytest.approx(run.report.tokens_per_s / run.report.gpus)
+
+
+def test_korthikanti_full_recompute_is_slower_than_sequence_parallel_plus_selective(tmp_path):
+    """Table 5's two columns of one run: full recomputation without SP reruns every forward
+    operator, SP + selective only the attention core, so the first step is the longer."""
+    path, _, case = _only(tmp_path, "korthikanti-2022-table5", ("22B", "175B"))
+    rows = {r.label: r for r in run_suite(published_runtime, path=path, cases=[case["name"]])}
+    assert len(rows) == 4
+    for size in ("22B", "175B"):
+        assert rows[f"{size}, full recompute"].predicted > rows[f"{size}, SP + selective"].predicted

@@ -122,6 +122,9 @@ def parse_op_data(data: dict, source: str = "op_data.yaml") -> dict[str, dict]:
         for dtype, rate in gemm.get("mamf_tflops", {}).items():
             if not (isinstance(rate, (int, float)) and rate > 0):
                 raise SimtrainError(f"{source}: kinds.{kind}.gemm.mamf_tflops.{dtype} = {rate!r}: must be > 0")
+        if gemm.get("mamf_tflops") and "borrow" not in gemm and "bf16" not in gemm.get("tflops", {}):
+            raise SimtrainError(f"{source}: kinds.{kind}.gemm.mamf_tflops: scales the kind's bf16 table, "
+                                "which it does not have (give gemm.tflops.bf16 or gemm.borrow)")
         points = spec.get("attention", {}).get("points", [])
         if any(p["forward_tflops"] <= 0 or p["seq_len"] <= 0 for p in points):
             raise SimtrainError(f"{source}: kinds.{kind}.attention.points: seq_len and forward_tflops must be > 0")
@@ -154,6 +157,8 @@ def kernel_rates(kind: str, path: Path = OP_DATA) -> KernelRates:
             tables[d] = src / src[0].max() * r * TFLOPS  # MAMF is a single (b = 1) GEMM
     else:
         tables = {d: np.asarray(t, dtype=float) * TFLOPS for d, t in gemm["tflops"].items()}
+        for d, r in gemm.get("mamf_tflops", {}).items():  # a dtype without a valid sweep of its own
+            tables[d] = tables["bf16"] / tables["bf16"][0].max() * r * TFLOPS
     if "bf16" in tables:
         tables.setdefault("fp16", tables["bf16"])
     att = spec.get("attention", {})
@@ -177,7 +182,24 @@ def rates_for(hardware: HardwareProfile) -> KernelRates:
     if kind is None:
         raise SimtrainError(f"hardware {hardware.name!r}: the per-operator cost model has kernel tables for "
                             f"{sorted(data['profiles'])} only")
-    return kernel_rates(kind)
+    return _within_peaks(kind, tuple(sorted(hardware.peak_flops.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _within_peaks(kind: str, peaks: tuple[tuple[str, float], ...]) -> KernelRates:
+    """``kind``'s rates with every GEMM entry at most the profile's dense peak FLOP/s for its dtype.
+
+    A dense GEMM cannot run faster than the datasheet's dense tensor-core peak. The OpenXLA sm_90
+    table's ``f8e4m3fn`` entries reach 2621 TFLOP/s (2424 at 4096^3), above H100 SXM's dense FP8
+    peak of 1978.9 (NVIDIA H100 datasheet; 3958 is the 2:4-sparse figure), and its ``f32`` entries
+    403 TFLOP/s, a TF32 rate, above the FP32 peak of 67 (PyTorch runs fp32 matmuls without TF32
+    by default, ``torch.backends.cuda.matmul.allow_tf32 = False``). Entries within the peak are
+    unchanged; dtypes the profile lists no peak for are left as measured.
+    """
+    rates = kernel_rates(kind)
+    peak = dict(peaks)
+    gemm = {d: np.minimum(t, peak[d]) if d in peak else t for d, t in rates.gemm.items()}
+    return dataclasses.replace(rates, gemm=gemm)
 
 
 def has_kernel_tables(hardware: HardwareProfile) -> bool:

@@ -124,13 +124,18 @@ def add_gradient_reduction(low: Lowering) -> None:
                     reduce.deps.append(piece.tid)
 
 
-def _last_compute(low: Lowering) -> dict[int, int]:
-    """Rank -> the id of its last compute-stream task so far (one pass over the graph)."""
-    last: dict[int, int] = {}
+def _last_compute(low: Lowering) -> dict[int, list[int]]:
+    """Rank -> the ids of its last task so far on each of the streams its actions run on
+    (compute, and the in-stage TP and CP collectives that end an action's chain; one pass over
+    the graph). What follows a rank's last action (its gradient sync, its optimizer step) waits
+    for all of them: the last backward's TP collective carries the input gradient the embedding's
+    weight gradient is computed from, and Megatron-LM issues it on the compute stream before the
+    optimizer's kernels."""
+    last: dict[int, dict[str, int]] = {}
     for t in low.graph.tasks:
-        if t.stream == "compute":
-            last[t.rank] = t.tid
-    return last
+        if t.stream in ("compute", "tp", "cp"):
+            last.setdefault(t.rank, {})[t.stream] = t.tid
+    return {rank: list(by_stream.values()) for rank, by_stream in last.items()}
 
 
 def add_embedding_sync(low: Lowering) -> None:
@@ -152,7 +157,7 @@ def add_embedding_sync(low: Lowering) -> None:
         return
     nbytes = costs.tied_embedding_params * costs.grad_reduce_bytes_per_param
     last_compute = _last_compute(low)
-    deps = [last_compute[r] for r in holders if r in last_compute]
+    deps = [tid for r in holders for tid in last_compute.get(r, [])]
     for rank, peer in (holders, holders[::-1]):
         collective = Collective("p2p", "pp", nbytes)
         task = low.graph.add(name="embedding grad all-reduce", rank=rank, peer=peer, category="comm", kind="dp",
@@ -172,7 +177,7 @@ def add_optimizer(low: Lowering) -> None:
         duration = costs.optimizer_s(low.held[rank])
         if duration <= 0:
             continue
-        deps = [last_compute[rank]] if rank in last_compute else []
+        deps = list(last_compute.get(rank, []))
         deps += [t.tid for t in low.dp_tasks.get(rank, [])]
         temp = costs.optimizer_temp_bytes(low.held[rank])  # foreach Adam's temporary, held while it steps
         opt = low.graph.add(name="optimizer step", rank=rank, category="compute", kind="OPT", stream="compute",

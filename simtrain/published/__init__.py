@@ -80,7 +80,13 @@ class FigureFile(_Strict):
 
 
 class CaseFile(_Strict):
-    """One published run (or family of runs) and its figures."""
+    """One published run (or family of runs) and its figures.
+
+    ``fp8: gemms`` marks a run whose linear-layer GEMMs ran in FP8 with attention and the
+    memory-bound kernels in ``settings.dtype`` (Transformer Engine's FP8 recipes): the
+    per-operator model prices it as ``--fp8 gemms``; the flat model, which has no per-GEMM
+    precision, runs it with ``dtype: fp8`` (every GEMM at the FP8 rate).
+    """
 
     name: str
     source: str = Field(min_length=1)
@@ -93,6 +99,7 @@ class CaseFile(_Strict):
     assumptions: list[str] = Field(default_factory=list)
     figures: list[FigureFile] = Field(min_length=1)
     params_for_tflops: float | None = Field(default=None, gt=0)
+    fp8: Literal["gemms"] | None = None
 
 
 NetworkMetric = Literal["busbw_gb_per_s", "algbw_gb_per_s", "nvlink_gb_per_s", "rdma_gb_per_s"]
@@ -147,10 +154,10 @@ class Row:
     error: float
 
 
-Runtime = Callable[[ModelSpec, ParallelConfig, HardwareProfile, str, str | None], Callable | None]
+Runtime = Callable[[ModelSpec, ParallelConfig, HardwareProfile, str, str | None, str | None], Callable | None]
 """Builds the ``runtime`` cost adjustment of :func:`simtrain.scenario.run_schedule` for one figure
-from (model, parallel, hardware, attention kind, the figure's ``recompute_ops`` or None); None
-keeps the shipped cost model."""
+from (model, parallel, hardware, attention kind, the figure's ``recompute_ops`` or None, the
+case's ``fp8`` or None); None keeps the shipped cost model."""
 
 
 def suite_path() -> Path:
@@ -259,7 +266,9 @@ def run_suite(runtime: Runtime | None = None, path: Path | None = None,
         else:
             hw, model, parallel = _hardware_of(case.hardware), _model_of(case, fig, where), _parallel_of(case, fig, where)
             try:
-                adjust = runtime(model, parallel, hw, case.attention, fig.recompute_ops) if runtime else None
+                adjust = runtime(model, parallel, hw, case.attention, fig.recompute_ops, case.fp8) if runtime else None
+                if adjust is None and case.fp8:
+                    parallel = parallel.model_copy(update=dict(dtype="fp8"))
                 run = run_schedule(fig.schedule or case.schedule, model, hw, parallel, runtime=adjust)
             except SimtrainError as exc:
                 raise SimtrainError(f"{where}: {exc}") from None

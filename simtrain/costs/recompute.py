@@ -12,12 +12,15 @@ from ..errors import SimtrainError
 ATTENTION_CORE = ("attention", "attn_scores", "attn_context", "softmax", "attn_dropout")
 """Operators that selective recomputation reruns (Korthikanti et al. 2022 §5)."""
 LAYER_OPS = ("qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out", "router", "ffn_up", "ffn_down",
-             *ATTENTION_CORE, "norm", "residual", "dropout", "activation", "rotary")
-"""Names of a transformer layer's operators, as ``--recompute MODULE,...`` takes them."""
-LINEAR_OPS = LAYER_OPS[:9]
-"""The linear-layer GEMMs among :data:`LAYER_OPS` (``qkv`` to ``ffn_down``)."""
+             *ATTENTION_CORE, "norm", "residual", "dropout", "activation", "rotary",
+             "router_topk", "permute", "unpermute", "expert_up", "expert_activation", "expert_down")
+"""Names of a transformer layer's operators, as ``--recompute MODULE,...`` takes them (the last six
+are MoE layers', :mod:`simtrain.costs.moe_ops`; an MoE layer's shared experts are its ``ffn_*``)."""
+LINEAR_OPS = (*LAYER_OPS[:9], "expert_up", "expert_down")
+"""The linear-layer GEMMs among :data:`LAYER_OPS` (``qkv`` to ``ffn_down``, the routed experts')."""
 ALIASES = {"attn_core": ATTENTION_CORE, "swiglu": ("activation",), "gelu": ("activation",),
-           "mla_up": ("q_up", "kv_up"), "mlp": ("ffn_up", "activation", "ffn_down"), "ffn": ("ffn_up", "activation", "ffn_down")}
+           "mla_up": ("q_up", "kv_up"), "mlp": ("ffn_up", "activation", "ffn_down"), "ffn": ("ffn_up", "activation", "ffn_down"),
+           "experts": ("expert_up", "expert_activation", "expert_down")}
 """Group names accepted by ``--recompute`` (DeepSeek-V3 §3.2.3 recomputes ``norm,mla_up``)."""
 FULL = "*"
 EVERY_SECOND_MM = "every-second-mm"

@@ -7,18 +7,20 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from simtrain.cli import app
 from simtrain.cost_models import parse_cost_choice
 from simtrain.costs import stage_costs
 from simtrain.costs.moe_ops import EXPERT_OPS, moe_totals, routed_tokens
-from simtrain.costs.ops import chunk_breakdown, ops_runtime, parse_recompute
+from simtrain.costs.ops import chunk_breakdown, ops_runtime, parse_recompute, published_runtime
 from simtrain.errors import SimtrainError
 from simtrain.hardware import load_profile
 from simtrain.models import load_model
 from simtrain.moe import routed_flops_per_token
 from simtrain.parallel import ParallelConfig
+from simtrain.published import load_suite, run_suite, suite_path
 
 SMALL_DSV3 = dict(num_layers=8)  # DeepSeek-V3's layers (3 dense, then MoE), fewer of them
 
@@ -193,3 +195,28 @@ def test_every_second_mm_on_an_moe_model_is_refused_by_the_api_too():
     m, p, h = _setup("mixtral-8x7b", "h100-sxm")[:3]
     with pytest.raises(SimtrainError, match="defined for dense blocks"):
         ops_runtime(m, p, h, recompute="every-second-mm")
+
+
+def _dsv3_case(tmp_path, **change):
+    data = yaml.safe_load(suite_path().read_text())
+    case = next(c for c in data["cases"] if c["name"] == "deepseek-v3-pretraining")
+    case.update(change)
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path, case
+
+
+def test_the_deepseek_v3_case_runs_its_published_layout_with_fp8_gemms(tmp_path):
+    path, case = _dsv3_case(tmp_path, fp8=None)
+    par = case["settings"]
+    assert par["pp"] * par["dp"] == 2048 and par["dp"] * par["microbatches"] == case["global_batch"] == 15360
+    fp8 = run_suite(published_runtime, cases=[case["name"]])[0]
+    bf16 = run_suite(published_runtime, path=path, cases=[case["name"]])[0]
+    assert fp8.published == bf16.published == pytest.approx(1e12 / (180e3 * 3600), rel=1e-4)
+    assert fp8.predicted > bf16.predicted  # FP8 GEMMs are faster; nothing else differs
+
+
+def test_a_bad_fp8_value_in_the_suite_is_one_error_naming_the_field(tmp_path):
+    path, _ = _dsv3_case(tmp_path, fp8="all")
+    with pytest.raises(SimtrainError, match="fp8"):
+        load_suite(path)

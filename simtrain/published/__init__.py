@@ -80,13 +80,15 @@ class FigureFile(_Strict):
 
 
 class CaseFile(_Strict):
-    """One published run (or family of runs) and its figures."""
+    """One published run (or family of runs) and its figures; ``fp8: gemms`` runs the linear
+    layers' GEMMs in FP8 under the per-operator model (``--fp8 gemms``, DeepSeek-V3 §3.3)."""
 
     name: str
     source: str = Field(min_length=1)
     model: str | dict[str, Any]
     hardware: HardwareRef
     attention: Literal["flash", "unfused"] = "flash"
+    fp8: Literal["gemms"] | None = None
     schedule: str = "1f1b"
     settings: dict[str, Any] = Field(default_factory=dict)
     global_batch: int | None = Field(default=None, ge=1)
@@ -147,10 +149,10 @@ class Row:
     error: float
 
 
-Runtime = Callable[[ModelSpec, ParallelConfig, HardwareProfile, str, str | None], Callable | None]
+Runtime = Callable[[ModelSpec, ParallelConfig, HardwareProfile, str, str | None, str | None], Callable | None]
 """Builds the ``runtime`` cost adjustment of :func:`simtrain.scenario.run_schedule` for one figure
-from (model, parallel, hardware, attention kind, the figure's ``recompute_ops`` or None); None
-keeps the shipped cost model."""
+from (model, parallel, hardware, attention kind, the figure's ``recompute_ops`` or None, the
+case's ``fp8`` or None); None keeps the shipped cost model."""
 
 
 def suite_path() -> Path:
@@ -259,7 +261,7 @@ def run_suite(runtime: Runtime | None = None, path: Path | None = None,
         else:
             hw, model, parallel = _hardware_of(case.hardware), _model_of(case, fig, where), _parallel_of(case, fig, where)
             try:
-                adjust = runtime(model, parallel, hw, case.attention, fig.recompute_ops) if runtime else None
+                adjust = runtime(model, parallel, hw, case.attention, fig.recompute_ops, case.fp8) if runtime else None
                 run = run_schedule(fig.schedule or case.schedule, model, hw, parallel, runtime=adjust)
             except SimtrainError as exc:
                 raise SimtrainError(f"{where}: {exc}") from None

@@ -220,3 +220,12 @@ def test_a_bad_fp8_value_in_the_suite_is_one_error_naming_the_field(tmp_path):
     path, _ = _dsv3_case(tmp_path, fp8="all")
     with pytest.raises(SimtrainError, match="fp8"):
         load_suite(path)
+
+
+def test_fp8_gemms_leave_the_lm_head_in_the_compute_dtype():
+    rows = {}
+    for fp8 in (None, "gemms"):
+        m, p, h, runtime, flat = _setup(fp8=fp8)
+        c = flat.chunks[-1]
+        rows[fp8] = {o.name: o for o in chunk_breakdown(runtime.ctx, c.layers, False, True, c.params)}
+    assert rows["gemms"]["head:lm_head"].seconds == rows[None]["head:lm_head"].seconds

@@ -245,12 +245,13 @@ def _second_mms(ctx: _Ctx, layer: int) -> list[OpCost]:
 
 
 def _head_ops(ctx: _Ctx) -> list[OpCost]:
-    """Final norm, LM head GEMM and the fp32 softmax cross-entropy (Korthikanti et al. 2022 §4.3)."""
+    """Final norm, LM head GEMM and the fp32 softmax cross-entropy (Korthikanti et al. 2022 §4.3);
+    the head's GEMM stays in the compute dtype under ``--fp8 gemms`` (DeepSeek-V3 §3.3: "the output head")."""
     m, tp, e = ctx.model, ctx.parallel.tp, ctx.elem
     h, v = m.hidden_size, m.vocab_size
     rows = ctx.row_tokens
     return [_memory("head:norm", 2 * e * h * rows, 3 * e * h * rows, ctx),
-            _gemm("head:lm_head", ctx.tokens, h, v / tp, ctx),
+            _gemm("head:lm_head", ctx.tokens, h, v / tp, dataclasses.replace(ctx, gemm_dtype=None)),
             _memory("head:cross_entropy", 2 * 4 * v / tp * ctx.tokens, 3 * 4 * v / tp * ctx.tokens, ctx)]
 
 
@@ -396,8 +397,9 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
         recompute: operators rerun inside I (:func:`parse_recompute`); None takes
             ``parallel.recompute``. Only the time is per operator: stored activation memory
             follows ``parallel.recompute`` (:mod:`simtrain.costs`).
-        fp8: ``gemms`` runs the linear layers' GEMMs at the GPU kind's FP8 rate while attention
-            and memory-bound kernels stay in ``parallel.dtype`` (DeepSeek-V3 §3.3); None: no FP8.
+        fp8: ``gemms`` runs the transformer layers' linear GEMMs at the GPU kind's FP8 rate while
+            attention, the MoE router, the LM head and memory-bound kernels stay in
+            ``parallel.dtype`` (DeepSeek-V3 §3.3); None: no FP8.
         host_bound: False leaves out the excess of asynchronous kernel launches over the GPU's time
             (the ``launch`` row's per-pass maximum): what :mod:`simtrain.plan` sums over layers
             for its lower bounds.

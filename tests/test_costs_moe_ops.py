@@ -179,16 +179,26 @@ def test_compare_runs_deepseek_v3_with_its_recompute_modules_and_fp8_gemms():
 
 
 @pytest.mark.parametrize("model,args,needle", [
-    ("mixtral-8x7b", ["--pp", "4", "--recompute", "every-second-mm"],
+    ("mixtral-8x7b", ["--pp", "4", "--ep", "8", "--recompute", "every-second-mm"],
      "--recompute = 'every-second-mm': defined for dense blocks"),
     ("deepseek-v3", ["--recompute", "norm,experts,routers"],
      "--recompute = 'norm,experts,routers': unknown module 'routers'"),
+    ("mixtral-8x7b", ["--pp", "4", "--ep", "8", "--recompute", "norm,mla_up"],
+     "--recompute = 'norm,mla_up': mixtral-8x7b has no 'mla_up' operator; its layers have qkv, attn_out, router"),
+    ("llama3-8b", ["--pp", "4", "--ep", "1", "--recompute", "experts"], "llama3-8b has no 'experts' operator"),
 ])
 def test_bad_moe_recompute_is_one_error_line(model, args, needle):
     res = _compare(*args, model=model)
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
+
+
+def test_module_groups_need_one_operator_the_model_has():
+    m, p, h = _setup()[:3]
+    ops_runtime(m, p, h, recompute="attn_core,experts,norm")  # flash: attention stands for the group
+    with pytest.raises(SimtrainError, match="has no 'qkv' operator"):
+        ops_runtime(m, p, h, recompute="qkv")
 
 
 def test_every_second_mm_on_an_moe_model_is_refused_by_the_api_too():

@@ -41,13 +41,14 @@ import dataclasses
 from ..errors import SimtrainError
 from ..hardware import HardwareProfile
 from ..models import ModelSpec
+from ..moe import check_expert_parallel
 from ..parallel import ParallelConfig
 from .context import cp_declaration
 from .kernels import KernelRates, rates_for
 from .layers import linear_layers
 from .moe_ops import check_moe, moe_chunk, moe_layer_ops
 from .recompute import (ALIASES, ATTENTION_CORE, EVERY_SECOND_MM, FULL, LAYER_OPS, LINEAR_OPS,  # noqa: F401
-                        _EVERY_SECOND_MM_RERUNS, parse_recompute)
+                        _EVERY_SECOND_MM_RERUNS, check_present, parse_recompute)
 from .types import StageCosts, grad_accumulate_bytes_per_param
 
 
@@ -411,7 +412,7 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
 
     Raises:
         SimtrainError: ``attention`` is not flash/unfused, an unknown recompute module,
-            ``every-second-mm`` with an MLA or MoE model, ``fp8`` other than gemms, or a GPU kind without kernel tables (or without an FP8 GEMM table).
+            one the model lacks, ``every-second-mm`` with an MLA or MoE model, ``fp8`` other than gemms, or a GPU kind without kernel tables (or without an FP8 GEMM table).
     """
     if attention not in ("flash", "unfused"):
         raise SimtrainError(f"attention = {attention!r}: choose flash or unfused")
@@ -428,6 +429,12 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
     ctx = _Ctx(model, parallel, rates, attention, hardware.hbm_bandwidth_bytes_per_s * rates.hbm_efficiency,
                rerun, "fp8" if fp8 else None, host_bound)
     check_moe(ctx)
+    check_expert_parallel(model, parallel, hardware)  # before pricing an expert layer
+    spec = recompute or parallel.recompute
+    if spec not in ("none", "selective", "full", EVERY_SECOND_MM):  # a module list: one layer of each kind
+        kinds = {model.is_moe_layer(i): i for i in range(model.num_layers)}
+        check_present(spec, model.name, {o.name for moe, i in kinds.items()
+                                         for o in (moe_layer_ops(ctx, i).ops if moe else _layer_ops(ctx, i))})
     return _apply_with(ctx)
 
 

@@ -60,3 +60,21 @@ def parse_recompute(spec: str) -> frozenset[str]:
             raise SimtrainError(f"--recompute = {spec!r}: unknown module {item!r}; choose none, selective, full, "
                                 f"{EVERY_SECOND_MM} or a comma-separated list of {', '.join(LAYER_OPS + tuple(ALIASES))}")
     return frozenset(names)
+
+
+def check_present(spec: str, model: str, present: set[str]) -> None:
+    """Refuse a ``--recompute`` module list naming an operator (or a group none of whose operators)
+    the model has, e.g. ``mla_up`` on a model without MLA or ``experts`` on a dense one.
+
+    Args:
+        spec: a ``--recompute`` module list (:func:`parse_recompute` accepted it).
+        model: the model's name, for the message.
+        present: the operator names of the model's layers (:data:`LAYER_OPS` entries).
+
+    Raises:
+        SimtrainError: one line naming the module and the operators the model has.
+    """
+    for item in (x.strip() for x in spec.split(",")):
+        if not present & set(ALIASES.get(item, (item,))):
+            raise SimtrainError(f"--recompute = {spec!r}: {model} has no {item!r} operator; its layers have "
+                                f"{', '.join(n for n in LAYER_OPS if n in present)}")

@@ -20,6 +20,10 @@ CASES = [
     ("llama3-405b", "h100-sxm", dict(tp=8, pp=16, dp=8, vp=2, microbatches=64, seq_len=8192), "interleaved-1f1b"),
     ("gpt3-175b", "a100-sxm-80gb", dict(tp=8, pp=12, dp=4, microbatches=96, recompute="full"), "1f1b"),
     ("llama3-8b", "h100-sxm", dict(tp=1, pp=8, microbatches=32, seq_len=2048), "zbv"),
+    # the deepseek-v3 scenario's layout: MoE segments priced by operator (simtrain.costs.moe_ops)
+    ("deepseek-v3", "h800", dict(tp=1, pp=16, dp=128, ep=64, microbatches=32, seq_len=4096, zero_stage=1,
+                                 recompute="full", dispatch_dtype="fp8", activation_cache="fp8", node_limit=4),
+     "dualpipe"),
 ]
 
 

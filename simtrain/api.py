@@ -173,7 +173,7 @@ def compare(
     given = {k for k, v in dict(tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches,
                                microbatch_size=microbatch_size, seq_len=seq_len, **options).items() if v is not None}
     check_applicable(list(schedules), spec, hw, config, given)  # as the CLI: a setting that changes nothing is refused
-    choice = parse_cost_choice(cost_model, None, None, hw.attention_kernel(config.attention), hw, spec)
+    choice = parse_cost_choice(cost_model, None, None, hw.attention_kernel(config.attention), hw)
     runtime = choice.runtime(spec, config, hw)
     runs = [run_schedule(name, spec, hw, config, op_times=op_times, comm=comm, runtime=runtime) for name in schedules]
     runs = [dataclasses.replace(r, report=dataclasses.replace(r.report, hfu=hfu(r, spec, config, hw, choice)))

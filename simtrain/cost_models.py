@@ -79,7 +79,7 @@ def recompute_modules(recompute: str | None) -> str | None:
 
 
 def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, attention: str,
-                      hardware: HardwareProfile, model: ModelSpec | None = None) -> CostChoice:
+                      hardware: HardwareProfile) -> CostChoice:
     """Validate ``--cost-model``, ``--fp8`` and ``--attention`` and resolve ``auto`` for ``hardware``.
 
     Args:
@@ -87,9 +87,8 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
         modules: a ``--recompute`` module list from :func:`recompute_modules`, or None.
         fp8: None or ``gemms``.
         attention: ``flash`` or ``unfused``.
-        hardware: the profile (``auto`` takes ``ops`` when it has kernel tables).
-        model: the model; an MoE model keeps the flat model (the per-operator terms do not cover
-            routed experts), so ``auto`` gives ``flat`` and ``ops`` is refused.
+        hardware: the profile (``auto`` takes ``ops`` when it has kernel tables, for dense and
+            MoE models alike: MoE layers are priced by :mod:`simtrain.costs.moe_ops`).
 
     Returns:
         The :class:`CostChoice`, its ``model`` ``flat`` or ``ops``.
@@ -104,16 +103,10 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
         raise SimtrainError(f"--attention = {attention!r}: choose flash or unfused")
     if fp8 is not None and fp8 != "gemms":
         raise SimtrainError(f"--fp8 = {fp8!r}: the only choice is gemms (FP8 GEMMs, attention in the compute dtype)")
-    moe = model is not None and model.moe is not None
-    if cost_model == "ops" and moe:
-        raise SimtrainError(f"--cost-model = 'ops': {model.name} is an MoE model, which the per-operator model "
-                            "does not cover yet; use auto or flat")
-    # an MoE model never reads the kernel tables (op_data.yaml, the largest file simtrain parses)
-    chosen = cost_model if cost_model != "auto" else ("ops" if not moe and has_kernel_tables(hardware) else "flat")
+    chosen = cost_model if cost_model != "auto" else ("ops" if has_kernel_tables(hardware) else "flat")
     for flag, given in (("--recompute MODULE,...", modules), ("--fp8", fp8)):
         if given is not None and chosen == "flat":
-            why = ("--cost-model flat was chosen" if cost_model == "flat" else
-                   f"{model.name} is an MoE model" if moe else f"{hardware.name} has no kernel tables")
+            why = "--cost-model flat was chosen" if cost_model == "flat" else f"{hardware.name} has no kernel tables"
             raise SimtrainError(f"{flag} = {given!r}: needs the per-operator cost model (--cost-model ops), "
                                 f"and {why}")
     return CostChoice(chosen, modules, fp8, attention)

@@ -89,10 +89,10 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         cost = self.cost or parse_cost_choice("auto", None, None, self.hardware.attention_kernel(None),
-                                              self.hardware, self.model)
+                                              self.hardware)
         if cost.recompute is not None:
             raise SimtrainError(f"--recompute = {cost.recompute!r}: the planner tries none, selective and full")
-        parse_cost_choice(cost.model, None, cost.fp8, cost.attention, self.hardware, self.model)
+        parse_cost_choice(cost.model, None, cost.fp8, cost.attention, self.hardware)
         cost.runtime(self.model, ParallelConfig(), self.hardware)  # raises what the workers would
         object.__setattr__(self, "cost", cost)
 

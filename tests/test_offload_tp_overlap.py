@@ -145,7 +145,7 @@ def test_the_gemm_window_is_the_linear_layers_share_of_the_compute():
     assert flat.gemm_s[0] == pytest.approx(linear_flops / rate)
     assert flat.gemm_s[0] == pytest.approx(flat.gemm_s[1]) == pytest.approx(flat.gemm_s[2])
     assert flat.gemm_s[0] < flat.forward_s
-    ops = parse_cost_choice("ops", (), None, "flash", H100, MODEL).runtime(MODEL, par, H100)
+    ops = parse_cost_choice("ops", (), None, "flash", H100).runtime(MODEL, par, H100)
     c = run_schedule("1f1b", MODEL, H100, par, runtime=ops).costs.chunks[1]
     assert c.gemm_s is not None and 0 < c.gemm_s[0] < c.forward_s and 0 < c.gemm_s[1] < c.backward_input_s
 

@@ -145,11 +145,11 @@ def test_plan_reports_the_step_time_compare_reports(cost, attention):
 
 def test_request_takes_compares_default_cost_model():
     """PlanRequest without ``cost`` resolves ``auto`` as compare does: per-operator where the profile
-    has kernel tables, flat elsewhere and for MoE models, and the profile's attention kernel (V100:
+    has kernel tables (dense and MoE models alike), flat elsewhere, and the profile's attention kernel (V100:
     unfused); operator recompute lists are refused."""
     dense, moe = load_model("llama3-8b"), load_model("deepseek-v3")
     for model, hw, expected, kernel in ((dense, "h100-sxm", "ops", "flash"), (dense, "v100-sxm2", "flat", "unfused"),
-                                        (moe, "h800", "flat", "flash")):
+                                        (moe, "h800", "ops", "flash")):
         req = PlanRequest(model, load_profile(hw), gpus=8, global_batch=8)
         assert (req.cost.model, req.parallel(next(enumerate_space(req))[0]).attention) == (expected, kernel)
     with pytest.raises(SimtrainError, match="the planner tries none, selective and full"):
@@ -165,9 +165,6 @@ def _tiny_yaml(tmp_path, layers=2, heads=2) -> str:
 
 def test_bad_input_is_one_error_line(tmp_path):
     tiny = _tiny_yaml(tmp_path)
-    moe = tmp_path / "moe.yaml"
-    moe.write_text(yaml.safe_dump(dict(yaml.safe_load(Path(tiny).read_text()), name="tiny-moe", moe=dict(
-        num_experts=4, top_k=2, expert_ffn_hidden_size=256))))
     cases = [
         (["--gpus", "7", "--global-batch", "8"], "--gpus 7: cannot be split"),
         (["--gpus", "16", "--global-batch", "7", "--max-tp", "1"], "--global-batch 7: not a multiple of dp x microbatch size"),
@@ -182,8 +179,6 @@ def test_bad_input_is_one_error_line(tmp_path):
          "--attention = 'sdpa': choose flash or unfused"),
         (["--gpus", "4", "--global-batch", "8", "--cost-model", "flat", "--fp8", "gemms"],
          "--fp8 = 'gemms': needs the per-operator cost model"),
-        (["--gpus", "4", "--global-batch", "8", "--model", moe, "--cost-model", "ops"],
-         "is an MoE model, which the per-operator model does not cover"),
         (["--gpus", "4", "--global-batch", "8", "--hardware", "v100-sxm2", "--cost-model", "ops"],
          "the per-operator cost model has kernel tables for"),
         (["--gpus", "4", "--global-batch", "8", "--hardware", "a100-sxm-80gb", "--fp8", "gemms"],

@@ -293,7 +293,7 @@ def _validate_published(cost_model: str, as_json: bool) -> None:
 
     if cost_model not in ("auto", "flat", "shipped", "ops"):
         raise SimtrainError(f"--cost-model = {cost_model!r}: choose auto, flat (alias shipped) or ops")
-    runtime = {"ops": published_runtime, "auto": lambda m, p, hw, a, r, f: published_runtime(m, p, hw, a, r, f)
+    runtime = {"ops": published_runtime, "auto": lambda m, p, hw, *rest: published_runtime(m, p, hw, *rest)
                if has_kernel_tables(hw) else None}.get(cost_model)
     rows = run_suite(runtime)
     if as_json:

@@ -133,7 +133,7 @@ def compare(
         err.print(line, markup=False, highlight=False, soft_wrap=True)
     st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)
     choice = parse_cost_choice(cost_model, modules, fp8, st.hardware.attention_kernel(st.parallel.attention),
-                               st.hardware, st.model)
+                               st.hardware)
     if st.parallel.kernels == "eager" and choice.model != "ops":
         raise SimtrainError("--kernels eager: prices the per-operator model's memory-bound operators, and the flat "
                             "cost model runs here (--cost-model ops, on a profile with kernel tables)")

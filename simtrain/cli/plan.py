@@ -129,7 +129,7 @@ def plan(
         seq_len=seq_len, schedules=_schedules(schedules), objective=objective, max_tp=max_tp,
         recompute=_split_list(recompute, "--recompute", ["none", "selective", "full"]),
         zero_stages=tuple(int(z) for z in _split_list(zero_stages, "--zero-stages", ["0", "1"])), top=top,
-        cost=parse_cost_choice(cost_model, None, fp8, hw.attention_kernel(attention), hw, spec))
+        cost=parse_cost_choice(cost_model, None, fp8, hw.attention_kernel(attention), hw))
     if out_path is not None:
         check_output_path(out_path, "--out", ".html", [Path(p) for p in (model, hardware) if Path(p).is_file()], force)
     runner = make_backend(backend, req.model, req.hardware, seq_len, workers, ray_address)

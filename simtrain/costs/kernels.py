@@ -70,7 +70,7 @@ class KernelRates:
             w = math.prod(weights[a] if bits[a] else 1 - weights[a] for a in range(4))
             if w:
                 rate += w * table[tuple(i + bit for i, bit in zip(idx, bits))]
-        return rate * scale
+        return float(rate * scale)  # a Python float: numpy scalars slow every sum the simulator does with them
 
     def attention_flops_per_s(self, seq_len: int) -> float:
         """Causal FlashAttention forward FLOP/s (causal count) at ``seq_len``, log-interpolated."""

@@ -26,7 +26,8 @@ and the fp32 softmax cross-entropy) costs, in each pass, a roofline
 
 Recomputation: ``full`` reruns every forward operator inside I; ``selective`` reruns the
 attention core (Korthikanti et al. 2022 §5); ``every-second-mm`` is torchtitan's "selective op"
-policy (:data:`EVERY_SECOND_MM`). MoE layers (``ep > 1``) keep the shipped cost model.
+policy (:data:`EVERY_SECOND_MM`). MoE layers: :mod:`simtrain.costs.moe_ops` (router, shared and
+routed experts, token permutation; the MoE segments around the unchanged all-to-alls).
 
 The model enters :func:`simtrain.scenario.run_schedule` as its ``runtime`` hook
 (:func:`ops_runtime`), replacing each chunk's ``forward_s``, ``backward_input_s`` and
@@ -40,12 +41,14 @@ import dataclasses
 from ..errors import SimtrainError
 from ..hardware import HardwareProfile
 from ..models import ModelSpec
+from ..moe import check_expert_parallel
 from ..parallel import ParallelConfig
 from .context import cp_declaration
 from .kernels import KernelRates, rates_for
 from .layers import linear_layers
+from .moe_ops import check_moe, moe_chunk, moe_layer_ops
 from .recompute import (ALIASES, ATTENTION_CORE, EVERY_SECOND_MM, FULL, LAYER_OPS, LINEAR_OPS,  # noqa: F401
-                        _EVERY_SECOND_MM_RERUNS, parse_recompute)
+                        _EVERY_SECOND_MM_RERUNS, check_present, parse_recompute)
 from .types import StageCosts, grad_accumulate_bytes_per_param
 
 
@@ -210,15 +213,17 @@ def _layer_ops(ctx: _Ctx, layer: int) -> list[OpCost]:
         ops.append(_gemm(name, ctx.tokens * mult, k_, n_, ctx))
     ops += _attention(ctx)
     rows = ctx.row_tokens
-    ops.append(_memory("norm", 2 * 2 * e * h * rows, 2 * 3 * e * h * rows, ctx))
+    lat = ctx.tokens * (m.mla.q_lora_rank + m.mla.kv_lora_rank) / tp if m.mla else 0.0  # MLA: q_norm, kv_norm
+    ops.append(_memory("norm", 2 * 2 * e * h * rows + 2 * e * lat, 2 * 3 * e * h * rows + 3 * e * lat, ctx))
     ops.append(_memory("residual", 2 * 3 * e * h * rows, 2 * 3 * e * h * rows, ctx))
     if m.dropout:
         ops.append(_memory("dropout", 2 * (2 * e + 1) * h * rows, 2 * (2 * e + 1) * h * rows, ctx))
     width = ctx.tokens * (gemms[-1][0] / tp) * gemms[-1][2]  # FFN intermediate elements on this rank
     f_b, i_b = (3, 5) if m.activation == "swiglu" else (2, 3)
     ops.append(_memory("activation", f_b * e * width, i_b * e * width, ctx))
-    if not m.learned_positions:
-        rope = ctx.tokens * (m.num_heads + m.kv_heads) * m.q_head_dim / tp
+    if not m.learned_positions:  # MLA: only the rope parts, of every query head and the one shared key
+        rope = ctx.tokens * ((m.num_heads + 1) * m.mla.qk_rope_head_dim if m.mla else
+                             (m.num_heads + m.kv_heads) * m.q_head_dim) / tp
         ops.append(_memory("rotary", 2 * e * rope, 2 * e * rope, ctx))
     return ops
 
@@ -241,12 +246,13 @@ def _second_mms(ctx: _Ctx, layer: int) -> list[OpCost]:
 
 
 def _head_ops(ctx: _Ctx) -> list[OpCost]:
-    """Final norm, LM head GEMM and the fp32 softmax cross-entropy (Korthikanti et al. 2022 §4.3)."""
+    """Final norm, LM head GEMM and the fp32 softmax cross-entropy (Korthikanti et al. 2022 §4.3);
+    the head's GEMM stays in the compute dtype under ``--fp8 gemms`` (DeepSeek-V3 §3.3: "the output head")."""
     m, tp, e = ctx.model, ctx.parallel.tp, ctx.elem
     h, v = m.hidden_size, m.vocab_size
     rows = ctx.row_tokens
     return [_memory("head:norm", 2 * e * h * rows, 3 * e * h * rows, ctx),
-            _gemm("head:lm_head", ctx.tokens, h, v / tp, ctx),
+            _gemm("head:lm_head", ctx.tokens, h, v / tp, dataclasses.replace(ctx, gemm_dtype=None)),
             _memory("head:cross_entropy", 2 * 4 * v / tp * ctx.tokens, 3 * 4 * v / tp * ctx.tokens, ctx)]
 
 
@@ -262,6 +268,7 @@ KERNELS = {
     "attn_dropout": (1, 1, 0), "attention": (1, 3, 0), "norm": (2, 6, 0), "residual": (2, 2, 0),
     "dropout": (2, 2, 0), "activation": (1, 1, 0), "rotary": (2, 2, 0), "embedding": (1, 1, 0),
     "head:norm": (1, 3, 0), "head:cross_entropy": (6, 3, 0),
+    "router_topk": (3, 3, 0), "permute": (1, 1, 0), "unpermute": (1, 2, 0), "expert_activation": (1, 1, 0),
 }
 """CUDA kernels per operator per layer in F, I and W, counted from Megatron-LM's transformer
 layer with its fused kernels (``megatron/model/transformer.py``, ``fused_softmax.py``,
@@ -273,7 +280,10 @@ gradient, partial and final gamma/beta gradients), two norms per layer; two resi
 their two gradient sums); FlashAttention-2 one forward and three backward kernels (pre-process,
 backward, dQ conversion; ``flash_attn/flash_attn_interface.py``); the vocabulary-parallel
 cross-entropy six forward kernels (max, subtract, exp, sum, log, target gather) and three backward.
-Every other name (GEMMs) counts as ``gemm``."""
+MoE (Megatron-Core ``TopKRouter`` and ``moe_utils``): the router's scoring, top-k and weight
+normalisation three kernels per pass; permute one gather (its backward one scatter-add); unpermute
+one weighted sum forward, two backward (input and routing-weight gradients); the routed experts'
+activation one per pass; a grouped GEMM one kernel per pass. Every other name (GEMMs) counts as ``gemm``."""
 
 
 def _kernels(name: str) -> tuple[int, int, int]:
@@ -315,13 +325,17 @@ def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has
     m, e = ctx.model, ctx.elem
     by_kind = {} if cache is None else cache
     rows: dict[str, OpCost] = {}
+    counts: dict[str, int] = {}  # layers holding each operator
     for layer in layers:
         kind = m.is_moe_layer(layer)
         if kind not in by_kind:
-            by_kind[kind] = _layer_ops(ctx, layer)
+            if kind:  # an MoE layer's operators, in the parts its segments need (simtrain.costs.moe_ops)
+                by_kind[("moe", True)] = moe_layer_ops(ctx, layer)
+            by_kind[kind] = by_kind[("moe", True)].ops if kind else _layer_ops(ctx, layer)
         for op in by_kind[kind]:
             rows[op.name] = _add(rows[op.name], op) if op.name in rows else op
-    ops = [dataclasses.replace(o, kernels=tuple(k * len(layers) for k in _kernels(o.name))) for o in rows.values()]
+            counts[op.name] = counts.get(op.name, 0) + 1
+    ops = [dataclasses.replace(o, kernels=tuple(k * counts[o.name] for k in _kernels(o.name))) for o in rows.values()]
     if has_embedding:
         h = m.hidden_size
         ops.append(_memory("embedding", 2 * e * h * ctx.row_tokens, 3 * e * h * ctx.row_tokens, ctx))
@@ -384,19 +398,21 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
         recompute: operators rerun inside I (:func:`parse_recompute`); None takes
             ``parallel.recompute``. Only the time is per operator: stored activation memory
             follows ``parallel.recompute`` (:mod:`simtrain.costs`).
-        fp8: ``gemms`` runs the linear layers' GEMMs at the GPU kind's FP8 rate while attention
-            and memory-bound kernels stay in ``parallel.dtype`` (DeepSeek-V3 §3.3); None: no FP8.
+        fp8: ``gemms`` runs the transformer layers' linear GEMMs at the GPU kind's FP8 rate while
+            attention, the MoE router, the LM head and memory-bound kernels stay in
+            ``parallel.dtype`` (DeepSeek-V3 §3.3); None: no FP8.
         host_bound: False leaves out the excess of asynchronous kernel launches over the GPU's time
             (the ``launch`` row's per-pass maximum): what :mod:`simtrain.plan` sums over layers
             for its lower bounds.
 
     Returns:
-        A function StageCosts -> StageCosts. Costs given by ``--op-times`` and MoE models (whose
-        chunks are cut into segments by :mod:`simtrain.moe`) pass through unchanged.
+        A function StageCosts -> StageCosts. Costs given by ``--op-times`` pass through
+        unchanged; an MoE chunk's segments (:mod:`simtrain.moe`) are priced by operator too
+        (:func:`simtrain.costs.moe_ops.moe_chunk`), its all-to-alls kept.
 
     Raises:
         SimtrainError: ``attention`` is not flash/unfused, an unknown recompute module,
-            ``every-second-mm`` with an MLA model, ``fp8`` other than gemms, or a GPU kind without kernel tables (or without an FP8 GEMM table).
+            one the model lacks, ``every-second-mm`` with an MLA or MoE model, ``fp8`` other than gemms, or a GPU kind without kernel tables (or without an FP8 GEMM table).
     """
     if attention not in ("flash", "unfused"):
         raise SimtrainError(f"attention = {attention!r}: choose flash or unfused")
@@ -412,6 +428,13 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
                             f"it has {sorted(rates.gemm)}")
     ctx = _Ctx(model, parallel, rates, attention, hardware.hbm_bandwidth_bytes_per_s * rates.hbm_efficiency,
                rerun, "fp8" if fp8 else None, host_bound)
+    check_moe(ctx)
+    check_expert_parallel(model, parallel, hardware)  # before pricing an expert layer
+    spec = recompute or parallel.recompute
+    if spec not in ("none", "selective", "full", EVERY_SECOND_MM):  # a module list: one layer of each kind
+        kinds = {model.is_moe_layer(i): i for i in range(model.num_layers)}
+        check_present(spec, model.name, {o.name for moe, i in kinds.items()
+                                         for o in (moe_layer_ops(ctx, i).ops if moe else _layer_ops(ctx, i))})
     return _apply_with(ctx)
 
 
@@ -429,15 +452,16 @@ def _apply_with(ctx: _Ctx):
     model, parallel = ctx.model, ctx.parallel
 
     def apply(costs: StageCosts) -> StageCosts:
-        if costs.fixed_op_times or model.moe is not None:
+        if costs.fixed_op_times:
             return costs
         chunks, cache = [], {}
         for c in costs.chunks:
             ops = chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params, cache)
             f, i, w = (sum(o.seconds[p] for o in ops) for p in range(3))
+            moe = c.moe and moe_chunk(ctx, c, cache, ops)  # segments around the (unchanged) all-to-alls
             attn_f, attn_i = (sum(o.seconds[p] for o in ops if o.name in ATTENTION_CORE) for p in range(2))
             cp = cp_declaration(model, parallel, ctx.tokens, len(c.layers), attn_f, attn_i)  # what hides ring CP
-            chunks.append(dataclasses.replace(c, forward_s=f, backward_input_s=i, backward_weight_s=w,
+            chunks.append(dataclasses.replace(c, forward_s=f, backward_input_s=i, backward_weight_s=w, moe=moe,
                                               full_backward_s=None, cp_hide_forward_s=cp.hide_forward_s,
                                               cp_hide_backward_s=cp.hide_backward_s, gemm_s=_linear_seconds(ctx, ops)))
         return dataclasses.replace(costs, chunks=tuple(chunks),

@@ -12,12 +12,15 @@ from ..errors import SimtrainError
 ATTENTION_CORE = ("attention", "attn_scores", "attn_context", "softmax", "attn_dropout")
 """Operators that selective recomputation reruns (Korthikanti et al. 2022 §5)."""
 LAYER_OPS = ("qkv", "q_down", "q_up", "kv_down", "kv_up", "attn_out", "router", "ffn_up", "ffn_down",
-             *ATTENTION_CORE, "norm", "residual", "dropout", "activation", "rotary")
-"""Names of a transformer layer's operators, as ``--recompute MODULE,...`` takes them."""
-LINEAR_OPS = LAYER_OPS[:9]
-"""The linear-layer GEMMs among :data:`LAYER_OPS` (``qkv`` to ``ffn_down``)."""
+             *ATTENTION_CORE, "norm", "residual", "dropout", "activation", "rotary",
+             "router_topk", "permute", "unpermute", "expert_up", "expert_activation", "expert_down")
+"""Names of a transformer layer's operators, as ``--recompute MODULE,...`` takes them (the last six
+are MoE layers', :mod:`simtrain.costs.moe_ops`; an MoE layer's shared experts are its ``ffn_*``)."""
+LINEAR_OPS = (*LAYER_OPS[:9], "expert_up", "expert_down")
+"""The linear-layer GEMMs among :data:`LAYER_OPS` (``qkv`` to ``ffn_down``, the routed experts')."""
 ALIASES = {"attn_core": ATTENTION_CORE, "swiglu": ("activation",), "gelu": ("activation",),
-           "mla_up": ("q_up", "kv_up"), "mlp": ("ffn_up", "activation", "ffn_down"), "ffn": ("ffn_up", "activation", "ffn_down")}
+           "mla_up": ("q_up", "kv_up"), "mlp": ("ffn_up", "activation", "ffn_down"), "ffn": ("ffn_up", "activation", "ffn_down"),
+           "experts": ("expert_up", "expert_activation", "expert_down")}
 """Group names accepted by ``--recompute`` (DeepSeek-V3 §3.2.3 recomputes ``norm,mla_up``)."""
 FULL = "*"
 EVERY_SECOND_MM = "every-second-mm"
@@ -57,3 +60,21 @@ def parse_recompute(spec: str) -> frozenset[str]:
             raise SimtrainError(f"--recompute = {spec!r}: unknown module {item!r}; choose none, selective, full, "
                                 f"{EVERY_SECOND_MM} or a comma-separated list of {', '.join(LAYER_OPS + tuple(ALIASES))}")
     return frozenset(names)
+
+
+def check_present(spec: str, model: str, present: set[str]) -> None:
+    """Refuse a ``--recompute`` module list naming an operator (or a group none of whose operators)
+    the model has, e.g. ``mla_up`` on a model without MLA or ``experts`` on a dense one.
+
+    Args:
+        spec: a ``--recompute`` module list (:func:`parse_recompute` accepted it).
+        model: the model's name, for the message.
+        present: the operator names of the model's layers (:data:`LAYER_OPS` entries).
+
+    Raises:
+        SimtrainError: one line naming the module and the operators the model has.
+    """
+    for item in (x.strip() for x in spec.split(",")):
+        if not present & set(ALIASES.get(item, (item,))):
+            raise SimtrainError(f"--recompute = {spec!r}: {model} has no {item!r} operator; its layers have "
+                                f"{', '.join(n for n in LAYER_OPS if n in present)}")

@@ -93,6 +93,7 @@ class CaseFile(_Strict):
     model: str | dict[str, Any]
     hardware: HardwareRef
     attention: Literal["flash", "unfused"] = "flash"
+    fp8: Literal["gemms"] | None = None
     schedule: str = "1f1b"
     settings: dict[str, Any] = Field(default_factory=dict)
     global_batch: int | None = Field(default=None, ge=1)

@@ -139,7 +139,7 @@ def stage_breakdown(run: ScheduleRun, runtime, stage: int) -> dict:
     if costs.fixed_op_times:
         raise SimtrainError("--breakdown: the durations are fixed by --op-times; there are no operators to show")
     c = costs.chunks[stage]
-    ops = costs_ops.chunk_breakdown(runtime.ctx, c.layers, c.has_embedding, c.has_head, c.params, {})
+    ops = costs_ops.chunk_breakdown(runtime.ctx, c.layers, c.has_embedding, c.has_head, c.params - c.frozen_params, {})
     rows = [dict(name=o.name, bound=o.bound, flops=list(o.flops), bytes=list(o.bytes), seconds=list(o.seconds),
                  kernels=list(o.kernels)) for o in ops]
     total = [sum(o.seconds[p] for o in ops) for p in range(3)]

@@ -204,7 +204,7 @@ class ParallelConfig(NumbersNotBooleans):
         kernels: how the memory-bound operators run under the per-operator cost model: ``fused``
             (one kernel each: Megatron's fused norm, rotary and SwiGLU, or ``torch.compile``) or
             ``eager`` (PyTorch eager ops, e.g. torchtitan without ``compile``: fp32 casts and one
-            kernel per op; :func:`simtrain.costs.ops.eager_factors`). ``eager`` also stores
+            kernel per op; :func:`simtrain.costs.eager.eager_factors`). ``eager`` also stores
             what autograd saves in an eager torchtitan Llama block (Python RMSNorm, k and v
             repeated to all heads, SiLU's output; :mod:`simtrain.costs.saved`) instead of
             Korthikanti et al.'s fused count, under both cost models (full recompute still

@@ -76,3 +76,43 @@ def test_bad_trainable_values(value, message, tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--trainable", value])
     assert res.exit_code == 2
     assert message in res.stderr.replace("\n", " ") and "Traceback" not in res.output
+
+
+def _ops_rows(trainable: str):
+    """Chunk 0's operator rows under the per-operator model (the default on H100)."""
+    from simtrain.costs.ops import chunk_breakdown, ops_runtime
+    par = ParallelConfig(tp=2, pp=2, microbatches=2, seq_len=S, trainable=trainable)
+    rt = ops_runtime(MODEL, par, H100, "flash", par.recompute, None, True)
+    c = stage_costs(MODEL, par, H100, 2).chunks[0]
+    return {o.name: o for o in chunk_breakdown(rt.ctx, c.layers, c.has_embedding, c.has_head,
+                                                 c.params - c.frozen_params, {})}, rt, par
+
+
+def test_frozen_layers_run_no_weight_pass_under_the_per_operator_model():
+    """The reviewer's case: every layer frozen left W at full cost under ops (flat dropped it)."""
+    full, _, _ = _ops_rows("all")
+    frozen, _, _ = _ops_rows("frozen-layers:0-15")  # chunk 0 holds layers 0-15
+    for name in ("qkv", "attn_out", "ffn_up", "ffn_down"):
+        assert full[name].seconds[2] > 0 and frozen[name].seconds[2] == 0.0
+        assert frozen[name].seconds[:2] == full[name].seconds[:2] and frozen[name].kernels[2] == 0
+    c = stage_costs(MODEL, ParallelConfig(tp=2, pp=2, microbatches=2, seq_len=S, trainable="frozen-layers:0-15"),
+                    H100, 2).chunks[0]  # only the embedding's gradient is accumulated
+    assert frozen["grad_accum"].seconds[2] == pytest.approx(full["grad_accum"].seconds[2] * (c.params - c.frozen_params)
+                                                            / c.params)
+    half, _, _ = _ops_rows("frozen-layers:0-7")
+    assert half["qkv"].seconds[2] == pytest.approx(full["qkv"].seconds[2] / 2)
+    assert "lora" not in frozen
+
+
+def test_lora_prices_its_adapters_at_the_unsplit_rank_and_freezes_the_base_weights():
+    rows, _, par = _ops_rows("lora:16")
+    assert rows["qkv"].seconds[2] == 0.0 and rows["embedding"].seconds[2] == 0.0
+    lora = rows["lora"]
+    assert all(x > 0 for x in lora.seconds)
+    # A whole for column-parallel layers (K = h), B whole for row-parallel ones (r never split)
+    from simtrain.costs.layers import linear_layers
+    h, r, tp = MODEL.hidden_size, 16, par.tp
+    per_token = sum(2 * mult * ((k * r + r * n / tp) if k == h else (k / tp * r + r * n))
+                    for k, n, mult in linear_layers(MODEL, 0))
+    tokens = S  # one sequence per microbatch, no sequence parallelism: every TP rank sees all tokens
+    assert lora.flops[0] == pytest.approx(per_token * tokens * 16)  # chunk 0: layers 0-15

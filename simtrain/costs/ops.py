@@ -44,11 +44,13 @@ from ..models import ModelSpec
 from ..moe import check_expert_parallel
 from ..parallel import ParallelConfig
 from .context import cp_declaration
+from .eager import eager_factors  # noqa: F401 (re-exported)
 from .kernels import KernelRates, rates_for
 from .layers import linear_layers
 from .moe_ops import check_moe, moe_chunk, moe_layer_ops
 from .recompute import (ALIASES, ATTENTION_CORE, EVERY_SECOND_MM, FULL, LAYER_OPS, LINEAR_OPS,  # noqa: F401
                         _EVERY_SECOND_MM_RERUNS, check_present, parse_recompute)
+from .trainable import adapter_ops, is_frozen, without_weight_pass
 from .types import StageCosts, grad_accumulate_bytes_per_param
 
 
@@ -135,31 +137,6 @@ def _gemm(name: str, m: float, k: float, n: float, ctx: _Ctx, batch: float = 1) 
     secs = tuple(_roofline(flops, nbytes, r, ctx.hbm_bytes_per_s) for r in rates)
     bound = "compute" if flops / rates[0] >= nbytes / ctx.hbm_bytes_per_s else "memory"
     return OpCost(name, (flops,) * 3, (nbytes,) * 3, secs, bound)
-
-
-def eager_factors(name: str, elem: int, activation: str = "swiglu") -> tuple[float, float]:
-    """HBM bytes of an operator run as eager PyTorch ops / the fused kernel's bytes, for F and I
-    (``ParallelConfig.kernels = "eager"``; 1 for operators not listed). Counted per element from
-    torchtitan's eager model code (``torchtitan/models/norms.py`` ``RMSNorm``: ``x.float()``, ``pow``,
-    ``mean``, ``x * rsqrt``, ``type_as``, ``* weight``; ``models/llama/model.py``
-    ``apply_rotary_emb``: cast to fp32, complex multiply, cast back, and ``FeedForward``:
-    ``silu(w1 x) * w3 x``; the loss on ``pred.float()``), each op reading its inputs and writing
-    its output once, autograd's backward of each op likewise; a cast to fp32 costs nothing in fp32
-    training. The fused counts are this module's (norm F 2e / I 3e bytes per element, rotary 2e /
-    2e, SwiGLU 3e / 5e, fp32 cross-entropy 8 / 12), e = ``elem``.
-    """
-    e = elem
-    c = e + 4 if e < 4 else 0  # one cast between the compute dtype and fp32
-    key = name.removeprefix("head:")
-    if key == "norm":  # F: cast, pow, mean, mul, cast, weight; I: their backwards + the two dx summed
-        return (c + 8 + 4 + 8 + c + 2 * e) / (2 * e), (4 * e + c + 16 + 8 + 12 + c) / (3 * e)
-    if key == "rotary":
-        return (c + 8 + c) / (2 * e), (c + 8 + c) / (2 * e)
-    if key == "activation" and activation == "swiglu":  # silu, then the product; backward: 2 + 1 ops
-        return 5 / 3, 9 / 5
-    if key == "cross_entropy":  # cast, log-softmax (nll negligible); backward: nll, log-softmax, cast
-        return (c + 8) / 8, (4 + 12 + c) / 12
-    return 1.0, 1.0
 
 
 def _memory(name: str, fwd_bytes: float, bwd_bytes: float, ctx: _Ctx, w_bytes: float = 0.0) -> OpCost:
@@ -316,7 +293,9 @@ def _launch(ops: list[OpCost], ctx: _Ctx) -> OpCost:
 def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has_head: bool,
                     params: float, cache: dict | None = None) -> list[OpCost]:
     """The operators of one chunk for one microbatch, summed over its layers (one row per name),
-    plus ``recompute`` (forward work rerun inside I) and ``grad_accum`` (W's gradient accumulation).
+    plus ``recompute`` (forward work rerun inside I) and ``grad_accum`` (W's gradient accumulation
+    over the chunk's ``params`` trainable parameters). Frozen layers (``--trainable``) run no W;
+    under LoRA a ``lora`` row holds the adapters' GEMMs (:mod:`simtrain.costs.trainable`).
 
     The chunk's F, I and W seconds are the column sums of ``seconds``. Layers of one shape are
     costed once: :func:`_layer_ops` per dense/MoE kind, kept in ``cache`` (pass one dict for every
@@ -326,22 +305,32 @@ def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has
     by_kind = {} if cache is None else cache
     rows: dict[str, OpCost] = {}
     counts: dict[str, int] = {}  # layers holding each operator
+    w_counts: dict[str, int] = {}  # layers running each operator's W (not frozen)
     for layer in layers:
         kind = m.is_moe_layer(layer)
         if kind not in by_kind:
             if kind:  # an MoE layer's operators, in the parts its segments need (simtrain.costs.moe_ops)
                 by_kind[("moe", True)] = moe_layer_ops(ctx, layer)
             by_kind[kind] = by_kind[("moe", True)].ops if kind else _layer_ops(ctx, layer)
-        for op in by_kind[kind]:
+        frozen = is_frozen(ctx.parallel, layer)
+        if frozen and ("frozen", kind) not in by_kind:  # no W (dense only: simtrain.costs.trainable)
+            by_kind[("frozen", kind)] = [without_weight_pass(o) for o in by_kind[kind]] + adapter_ops(
+                ctx.model, layer, ctx.parallel, lambda k, n, mult: _gemm("lora", ctx.tokens * mult, k, n, ctx), _add)
+        for op in by_kind[("frozen", kind) if frozen else kind]:
             rows[op.name] = _add(rows[op.name], op) if op.name in rows else op
             counts[op.name] = counts.get(op.name, 0) + 1
-    ops = [dataclasses.replace(o, kernels=tuple(k * counts[o.name] for k in _kernels(o.name))) for o in rows.values()]
+            w_counts[op.name] = w_counts.get(op.name, 0) + (not frozen or op.name == "lora")
+    ops = [dataclasses.replace(o, kernels=tuple(k * n for k, n in zip(_kernels(o.name), (counts[o.name],) * 2
+                                                                        + (w_counts[o.name],))))
+           for o in rows.values()]
     if has_embedding:
         h = m.hidden_size
         ops.append(_memory("embedding", 2 * e * h * ctx.row_tokens, 3 * e * h * ctx.row_tokens, ctx))
     if has_head:
         ops += _head_ops(ctx)
     ops = [o if o.name in rows else dataclasses.replace(o, kernels=_kernels(o.name)) for o in ops]
+    if ctx.parallel.lora_rank:  # the embedding and the LM head are frozen under LoRA
+        ops = [o if o.name in rows else without_weight_pass(o) for o in ops]
     rerun = [o for o in ops if o.name in ctx.recompute or (FULL in ctx.recompute and o.name in rows)]
     if EVERY_SECOND_MM in ctx.recompute:
         for layer in layers:
@@ -456,7 +445,7 @@ def _apply_with(ctx: _Ctx):
             return costs
         chunks, cache = [], {}
         for c in costs.chunks:
-            ops = chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params, cache)
+            ops = chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params - c.frozen_params, cache)
             f, i, w = (sum(o.seconds[p] for o in ops) for p in range(3))
             moe = c.moe and moe_chunk(ctx, c, cache, ops)  # segments around the (unchanged) all-to-alls
             attn_f, attn_i = (sum(o.seconds[p] for o in ops if o.name in ATTENTION_CORE) for p in range(2))
@@ -485,7 +474,7 @@ def step_hfu(run, runtime) -> float:
     """
     ctx, costs, sched = runtime.ctx, run.costs, run.schedule
     cache: dict = {}
-    redo = [next(o for o in chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params, cache)
+    redo = [next(o for o in chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params - c.frozen_params, cache)
                  if o.name == "recompute").flops[1] for c in costs.chunks]
     tp = ctx.parallel.tp_cp  # GPUs sharing one stage's microbatch
     flops = sum((costs.chunks[sched.chunk_of(s)].model_flops + redo[sched.chunk_of(s)]) * tp

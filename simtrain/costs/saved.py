@@ -1,7 +1,7 @@
 """What autograd saves for the backward of an eager (uncompiled) torchtitan Llama block, per token.
 
 ``ParallelConfig.kernels = "eager"`` prices the memory-bound operators as PyTorch eager ops
-(:func:`simtrain.costs.ops.eager_factors`); this module gives the same setting's stored
+(:func:`simtrain.costs.eager.eager_factors`); this module gives the same setting's stored
 activations. simtrain's default count (:func:`simtrain.costs.layers.layer_shape`) is Korthikanti
 et al. 2022 §4.1's, for fused kernels; an eager block keeps more, and which tensors it keeps
 follows from the model code and from the ``derivatives.yaml`` formula of each operator it calls

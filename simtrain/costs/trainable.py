@@ -16,7 +16,7 @@ linear layers of the transformer blocks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import SimtrainError
 from ..hardware import HardwareProfile
@@ -79,3 +79,34 @@ def layer_adapter(model: ModelSpec, layer: int, parallel: ParallelConfig, tokens
     params = sum(r * (k + n) for k, n, _ in linear_layers(model, layer)) / tp
     inter = sum(m * r for _, _, m in linear_layers(model, layer)) * parallel.dtype_bytes / tp
     return Adapter(params, per_token * tokens, f, i, w, inter * tokens)
+
+
+def without_weight_pass(op):
+    """``op`` (a :class:`simtrain.costs.ops.OpCost`) of a frozen layer: its W column (FLOPs, bytes,
+    seconds, kernels) is 0, since a frozen weight needs no ``dW`` (F and I unchanged)."""
+    return replace(op, flops=(*op.flops[:2], 0.0), bytes=(*op.bytes[:2], 0.0), seconds=(*op.seconds[:2], 0.0),
+                   kernels=(*op.kernels[:2], 0))
+
+
+def adapter_ops(model: ModelSpec, layer: int, parallel: ParallelConfig, gemm, add) -> list:
+    """The LoRA adapters of ``layer`` for the per-operator model as one ``lora`` row (empty without
+    LoRA): each linear layer's ``X Aᵀ`` (K -> r) and ``(X Aᵀ) Bᵀ`` (r -> N) GEMMs in F, I and W
+    (Hu et al. 2021 §4.1), at their local shapes under TP without a collective of their own: a
+    column-parallel layer's adapter sees the whole input, so ``A`` is whole on every TP rank and
+    ``B`` split like the layer's output; a row-parallel layer's ``A`` is split like its input and
+    ``B`` whole. The rank ``r`` is never split, so the small dimension is priced at its real size
+    (the flat model, :func:`layer_adapter`, divides the adapters' FLOPs by TP instead).
+
+    Args:
+        gemm: ``(k, n, mult) -> OpCost`` of one GEMM (:func:`simtrain.costs.ops._gemm` for the
+            microbatch's tokens x ``mult``); add: sums two OpCosts.
+    """
+    r, tp, h = parallel.lora_rank, parallel.tp, model.hidden_size
+    if r == 0:
+        return []
+    gemms = [gemm(a, b, mult) for k, n, mult in linear_layers(model, layer)
+             for a, b in (((k, r), (r, n / tp)) if k == h else ((k / tp, r), (r, n)))]
+    total = gemms[0]
+    for g in gemms[1:]:
+        total = add(total, g)
+    return [total]

@@ -106,7 +106,7 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
     chosen = cost_model if cost_model != "auto" else ("ops" if has_kernel_tables(hardware) else "flat")
     for flag, given in (("--recompute MODULE,...", modules), ("--fp8", fp8)):
         if given is not None and chosen == "flat":
-            why = "--cost-model flat was chosen" if cost_model == "flat" else f"{hardware.name} has no kernel tables"
+            why = "--cost-model flat was chosen" if cost_model == "flat" else f"{hardware.name} has no kernel tables (a calibrated profile, or an edited copy of a shipped one, keeps its own numbers)"
             raise SimtrainError(f"{flag} = {given!r}: needs the per-operator cost model (--cost-model ops), "
                                 f"and {why}")
     return CostChoice(chosen, modules, fp8, attention)

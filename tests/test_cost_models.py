@@ -171,3 +171,19 @@ def test_tied_embedding_gradients_are_all_reduced_between_first_and_last_stage(s
         for rank, end in zip(sync["rank"], sync["end_s"]):
             opt = trace[(trace["rank"] == rank) & (trace["kind"] == "OPT")]
             assert (opt["start_s"] >= end - 1e-12).all()  # the optimizer waits for it
+
+
+def test_an_edited_copy_of_a_shipped_profile_keeps_its_own_compute_figures(tmp_path):
+    """The reviewer's case: a copy of h100-sxm.yaml with an edited bf16 peak kept the name, and the
+    default model priced it from H100's kernel tables (same step time, MFU of 4e10 %)."""
+    from simtrain.costs.kernels import has_kernel_tables
+    from simtrain.hardware import PROFILE_DIR
+    text = (PROFILE_DIR / "h100-sxm.yaml").read_text()
+    (tmp_path / "same.yaml").write_text(text)
+    (tmp_path / "edited.yaml").write_text(text.replace("matmul: 0.75", "matmul: 0.3"))
+    assert "matmul: 0.75" in text
+    assert has_kernel_tables(load_profile(tmp_path / "same.yaml"))
+    assert not has_kernel_tables(load_profile(tmp_path / "edited.yaml"))
+    shipped = load_profile("h100-sxm")  # a published case's network edits keep the tables
+    assert has_kernel_tables(dataclasses.replace(shipped, hbm_bandwidth_bytes_per_s=1e12))
+    assert not has_kernel_tables(dataclasses.replace(shipped, peak_flops={**shipped.peak_flops, "bf16": 1.0}))

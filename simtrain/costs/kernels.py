@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SimtrainError, load_yaml_file
-from ..hardware import TFLOPS, US, HardwareProfile
+from ..hardware import PROFILE_DIR, TFLOPS, US, HardwareProfile, load_profile
 
 OP_DATA = Path(__file__).resolve().parent / "op_data.yaml"
 
@@ -203,6 +203,18 @@ def _within_peaks(kind: str, peaks: tuple[tuple[str, float], ...]) -> KernelRate
 
 
 def has_kernel_tables(hardware: HardwareProfile) -> bool:
-    """Whether ``hardware`` is a shipped, uncalibrated profile with kernel tables (the per-operator
-    model is then the default; a calibrated profile keeps its own measurements)."""
-    return hardware.calibration is None and hardware.name in _op_data(OP_DATA)["profiles"]
+    """Whether ``hardware`` is a shipped, uncalibrated profile with kernel tables whose compute
+    figures (``peak_flops``, ``matmul_efficiency``) are the shipped ones (the per-operator model is
+    then the default). A calibrated profile keeps its own measurements, and so does a user's copy
+    of a shipped profile with edited compute figures, which the tables of the GPU kind its name
+    points at would otherwise override. Other edits (HBM bandwidth, links) the tables honour."""
+    if hardware.calibration is not None or hardware.name not in _op_data(OP_DATA)["profiles"]:
+        return False
+    shipped = _shipped(hardware.name)
+    return (hardware.peak_flops, hardware.matmul_efficiency) == (shipped.peak_flops, shipped.matmul_efficiency)
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped(name: str) -> HardwareProfile:
+    """The shipped profile ``name`` (for :func:`has_kernel_tables`)."""
+    return load_profile(PROFILE_DIR / f"{name}.yaml")

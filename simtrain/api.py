@@ -23,7 +23,8 @@ from .models import ModelSpec
 from .models import load_model as _load_model
 from .parallel import ParallelConfig
 from .checks import check_applicable
-from .cost_models import hfu, parse_cost_choice
+from .cost_models import check_kernels, hfu, parse_cost_choice, recompute_modules
+from .export import check_output_path
 from .scenario import ScheduleRun, run_schedule
 from .schedules import split_name
 
@@ -93,20 +94,30 @@ class Comparison(list):
     """The :class:`Report` of each schedule compared, in the order asked for."""
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per schedule with the scalar fields of the ``--json`` row."""
-        rows = [{k: v for k, v in r.to_row().items() if not isinstance(v, (list, dict))} for r in self]
+        """One row per schedule with the scalar fields of the ``--json`` row, plus
+        ``peak_memory_bytes``: the worst rank's peak (the row's per-rank list, maximised)."""
+        rows = [{**{k: v for k, v in r.to_row().items() if not isinstance(v, (list, dict))},
+                 "peak_memory_bytes": max(r.peak_memory_bytes)} for r in self]
         return pd.DataFrame(rows)
 
-    def write_html(self, path: str | Path, title: str = "simtrain comparison") -> Path:
+    def write_html(self, path: str | Path, title: str = "simtrain comparison", force: bool = False) -> Path:
         """Write the comparison dashboard (the page ``simtrain compare --out`` writes: summary,
-        bars, and per schedule a timeline, memory and link use; self-contained, opens offline).
+        bars, and per schedule a timeline, memory and link use; self-contained, opens offline),
+        atomically.
+
+        Args:
+            path: an ``.html`` file name; an existing file simtrain did not write is kept unless
+                ``force`` (as ``compare --out``).
 
         Returns:
             The path written.
+
+        Raises:
+            SimtrainError: not an ``.html`` name, a folder, or a user's file without ``force``.
         """
         from .viz import Panel, write_dashboard
 
-        path = Path(path)
+        path = check_output_path(Path(path), "write_html(path)", ".html", force=force)
         write_dashboard(path, [Panel(r.run.report, r.trace, r.memory) for r in self], title)
         return path
 
@@ -153,7 +164,9 @@ def compare(
         cost_model: ``auto`` (the per-operator model where the profile has kernel tables),
             ``flat`` or ``ops``, as ``compare --cost-model`` (:mod:`simtrain.cost_models`).
         **options: any other :class:`~simtrain.parallel.ParallelConfig` field (``dtype``,
-            ``zero_stage``, ``recompute``, ``waves``, ``expert_imbalance``, ...).
+            ``zero_stage``, ``recompute``, ``waves``, ``expert_imbalance``, ...); ``recompute`` also
+            takes compare's module lists (``"norm,mla_up"``) and ``fp8="gemms"`` compare's ``--fp8``
+            (both for the per-operator model).
 
     Returns:
         A :class:`Comparison` (a list of :class:`Report`).
@@ -163,17 +176,24 @@ def compare(
             schedules (e.g. ``vp`` without an interleaved one, as the CLI refuses), or a
             configuration that cannot run (static memory over HBM, a model/parallel mismatch).
     """
+    fp8 = options.pop("fp8", None)
+    modules = recompute_modules(options.get("recompute"))  # a module list, as compare --recompute
+    if modules:
+        options["recompute"] = "none"
     spec, hw, config = _inputs(model, hardware, dict(
         tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
         seq_len=seq_len, **options))
     if isinstance(schedules, str):
         schedules = [schedules]
+    if not schedules:
+        raise SimtrainError("schedules = []: name at least one schedule (e.g. ['1f1b'])")
     for name in schedules:
         split_name(name)
     given = {k for k, v in dict(tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches,
                                microbatch_size=microbatch_size, seq_len=seq_len, **options).items() if v is not None}
     check_applicable(list(schedules), spec, hw, config, given)  # as the CLI: a setting that changes nothing is refused
-    choice = parse_cost_choice(cost_model, None, None, hw.attention_kernel(config.attention), hw)
+    choice = parse_cost_choice(cost_model, modules, fp8, hw.attention_kernel(config.attention), hw)
+    check_kernels(choice, config)
     runtime = choice.runtime(spec, config, hw)
     runs = [run_schedule(name, spec, hw, config, op_times=op_times, comm=comm, runtime=runtime) for name in schedules]
     runs = [dataclasses.replace(r, report=dataclasses.replace(r.report, hfu=hfu(r, spec, config, hw, choice)))

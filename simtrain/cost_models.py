@@ -112,6 +112,18 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
     return CostChoice(chosen, modules, fp8, attention)
 
 
+def check_kernels(choice: CostChoice, parallel) -> None:
+    """Refuse ``kernels: eager`` where the flat model runs (it prices the per-operator model's
+    memory-bound operators only; every entry point checks this, CLI and API alike).
+
+    Raises:
+        SimtrainError: one line naming the setting.
+    """
+    if parallel.kernels == "eager" and choice.model != "ops":
+        raise SimtrainError("--kernels eager: prices the per-operator model's memory-bound operators, and the flat "
+                            "cost model runs here (--cost-model ops, on a profile with kernel tables)")
+
+
 def stage_breakdown(run: ScheduleRun, runtime, stage: int) -> dict:
     """Where one stage's time goes, per operator, for one microbatch (and per step).
 

@@ -87,3 +87,27 @@ def test_a_setting_that_applies_to_no_schedule_is_refused_as_on_the_cli():
     """simulate(vp=5) with 1F1B changes nothing: refused, as `compare --vp 5 --schedules 1f1b`."""
     with pytest.raises(simtrain.SimtrainError, match="--vp: none of 1f1b has virtual stages"):
         simtrain.simulate("llama3-8b", "h100-sxm", schedule="1f1b", vp=5)
+
+
+def test_the_api_takes_and_refuses_what_compare_does(tmp_path, monkeypatch):
+    """The reviewer's cases: eager kernels under the flat model ran, module recompute and fp8
+    were refused, an empty schedule list returned nothing, write_html overwrote a user's file."""
+    from simtrain.errors import SimtrainError
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SimtrainError, match="--kernels eager"):
+        simtrain.simulate("llama3-8b", "h100-sxm", tp=8, cost_model="flat", kernels="eager")
+    with pytest.raises(SimtrainError, match=r"schedules = \[\]"):
+        simtrain.compare("llama3-8b", "h100-sxm", tp=8, schedules=[])
+    with pytest.raises(SimtrainError, match="unknown module 'nrom'"):
+        simtrain.simulate("llama3-8b", "h100-sxm", tp=8, recompute="norm,nrom")
+    base = simtrain.simulate("llama3-8b", "h100-sxm", tp=8, recompute="none")
+    norm = simtrain.simulate("llama3-8b", "h100-sxm", tp=8, recompute="norm")
+    fp8 = simtrain.simulate("llama3-8b", "h100-sxm", tp=8, recompute="none", fp8="gemms")
+    assert norm.step_time_s > base.step_time_s > fp8.step_time_s
+    (tmp_path / "mine.html").write_text("mine")
+    comp = simtrain.compare("llama3-8b", "h100-sxm", tp=8, schedules=["1f1b"])
+    with pytest.raises(SimtrainError, match="not written by simtrain"):
+        comp.write_html("mine.html")
+    assert (tmp_path / "mine.html").read_text() == "mine"
+    assert comp.write_html("ok.html") == comp.write_html("ok.html")  # its own file it may rewrite
+    assert comp.to_frame()["peak_memory_bytes"][0] == max(comp[0].peak_memory_bytes)

@@ -23,7 +23,7 @@ from ..progress import progress
 from ..scenario import ScheduleRun, run_schedule
 from ..schedules import Schedule, split_name
 from ..schedules.io import read_torch_csv
-from ..cost_models import CostChoice, hfu, parse_cost_choice, recompute_modules, stage_breakdown
+from ..cost_models import CostChoice, check_kernels, hfu, parse_cost_choice, recompute_modules, stage_breakdown
 from ..sweep import SweepSpec, parse_sweep, run_sweep, sweep_from_mapping
 from .app import app, err, out, user_errors
 from .settings import Settings, fit_to_file, load_settings, parallel_from
@@ -134,9 +134,7 @@ def compare(
     st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)
     choice = parse_cost_choice(cost_model, modules, fp8, st.hardware.attention_kernel(st.parallel.attention),
                                st.hardware)
-    if st.parallel.kernels == "eager" and choice.model != "ops":
-        raise SimtrainError("--kernels eager: prices the per-operator model's memory-bound operators, and the flat "
-                            "cost model runs here (--cost-model ops, on a profile with kernel tables)")
+    check_kernels(choice, st.parallel)
     if breakdown is not None and choice.model != "ops":
         raise SimtrainError(f"--breakdown = {breakdown}: needs the per-operator cost model (--cost-model ops)")
     plan = _plan_compare(st, schedules, schedule_file, sweep, pp, microbatches)

@@ -85,10 +85,11 @@ def overlay(
 
     inputs = [*measured, *(p for p in (scenario, Path(model) if model else None,
                                        Path(hardware) if hardware else None) if p)]
-    if scenario is None and model is None and op_times is None:
+    if scenario is None and (model is None or hardware is None):
         raise SimtrainError("overlay: give the model and hardware that produced the traces (--model and --hardware, "
-                            "or a scenario file), or --op-times; without them it would simulate the default "
-                            "scenario's model, not the traced one")
+                            "or a scenario file); --op-times fixes only the compute, communication and memory are "
+                            "still priced from them, and without them simtrain would price the default scenario's "
+                            "model, not the traced one")
     check_output_path(out_path, "--out", ".html", inputs, force)
     actions = read_torch_trace(measured, step)
     taken = schedule_from_measured(actions, "measured order")

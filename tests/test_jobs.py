@@ -46,7 +46,7 @@ def test_megatron_without_the_model_is_an_error(tmp_path):
 
 
 def test_torchtitan_job_maps_model_and_parallel():
-    job = read_torchtitan_toml(JOBS / "torchtitan_llama3_70b.toml", dp=4)
+    job = read_torchtitan_toml(JOBS / "torchtitan_llama3_70b.toml", {"dp": 4})
     assert job.model.name == "llama3-70b"
     assert job.parallel == dict(tp=8, pp=4, dp=4, vp=2, ep=1, microbatch_size=1, microbatches=8, seq_len=8192,
                                 dtype="bf16", zero_stage=2, recompute="full", cp=1, cp_kind="allgather",
@@ -93,6 +93,6 @@ def test_torchtitan_fsdp_without_pp_is_zero3_and_cp_is_mapped(tmp_path):
     text = text.replace('pipeline_parallel_schedule = "Interleaved1F1B"', 'pipeline_parallel_schedule = "1F1B"')
     path = tmp_path / "job.toml"
     path.write_text(text + '\n')
-    job = read_torchtitan_toml(path, dp=4)
+    job = read_torchtitan_toml(path, {"dp": 4})
     assert (job.parallel["zero_stage"], job.parallel["cp"], job.parallel["cp_kind"]) == (3, 2, "ring")
     assert not any("ZeRO" in note for note in job.ignored)

@@ -44,3 +44,80 @@ def one_error(res, *needles: str) -> str:
 def test_overlay_needs_the_traced_model_and_hardware(extra):
     measured = [a for p in GPIPE for a in ("--measured", p)]
     one_error(invoke("overlay", *measured, *extra), "overlay: give the model and hardware", "--op-times fixes only")
+
+
+# ----------------------------------------------------------------------------- B: importers
+MEGATRON = DATA / "jobs" / "megatron_llama3_70b.txt"
+TORCHTITAN = DATA / "jobs" / "torchtitan_llama3_70b.toml"
+
+
+def _edited(source: Path, tmp_path: Path, old: str, new: str) -> Path:
+    text = source.read_text()
+    assert old in text
+    path = tmp_path / source.name
+    path.write_text(text.replace(old, new))
+    return path
+
+
+@pytest.mark.parametrize("old, new, needles", [
+    ("--tensor-model-parallel-size 8", "--tensor-model-parallel-size 0",
+     ["--tensor-model-parallel-size = 0", "integer >= 1"]),
+    ("--global-batch-size 32", "--global-batch-size 0", ["--global-batch-size = 0", "integer >= 1"]),
+    ("--nnodes 8", "--nnodes 3", ["--nnodes 3 x --nproc-per-node 8 = 24 GPUs", "TP x PP x CP = 8 x 4 x 1 = 32"]),
+    ("--num-layers-per-virtual-pipeline-stage 10", "--num-layers-per-virtual-pipeline-stage 7",
+     ["--num-layers-per-virtual-pipeline-stage = 7", "20 layers", "divisor of 20"]),
+    ("--bf16", "--bf16 --context-parallel-size 2 --cp-comm-type a2a+p2p", ["--cp-comm-type = 'a2a+p2p'"]),
+])
+def test_megatron_bad_values_are_errors(tmp_path, old, new, needles):
+    path = _edited(MEGATRON, tmp_path, old, new)
+    one_error(invoke("compare", "--from-megatron", path, "--hardware", "h100-sxm"), f"--from-megatron {path}",
+              *needles)
+
+
+def test_megatron_context_parallelism_is_mapped(tmp_path):
+    from simtrain.importers.megatron import read_megatron_args
+
+    job = read_megatron_args(_edited(MEGATRON, tmp_path, "--bf16", "--bf16 --context-parallel-size 2 --cp-comm-type a2a"))
+    assert (job.parallel["cp"], job.parallel["cp_kind"], job.parallel["dp"]) == (2, "ulysses", 1)  # 64 / (8 x 4 x 2)
+    assert not any("context" in note for note in job.ignored)
+
+
+def test_megatron_overrides_keep_the_world_and_show_in_the_summary():
+    from simtrain.importers.megatron import read_megatron_args
+
+    job = read_megatron_args(MEGATRON, {"pp": 2})
+    p = job.parallel
+    assert (p["tp"], p["pp"], p["dp"]) == (8, 2, 4) and p["tp"] * p["pp"] * p["dp"] == 64  # the file's 64 GPUs
+    assert p["microbatches"] == 8 and p["vp"] == 4  # 32 sequences / (1 x 4); 40 layers per rank / 10
+    simulating = job.summary()[1]
+    assert "pp 2 (--pp)" in simulating and "dp 4," in simulating
+    assert read_megatron_args(MEGATRON, {"dp": 1}).parallel["microbatches"] == 32
+
+
+@pytest.mark.parametrize("old, new, needles", [
+    ("tensor_parallel_degree = 8", "tensor_parallel_degree = 0", ["parallelism.tensor_parallel_degree = 0"]),
+    ("local_batch_size = 8", 'local_batch_size = "8"', ["training.local_batch_size = '8'"]),
+    ("pipeline_parallel_degree = 4", "pipeline_parallel_degree = true", ["parallelism.pipeline_parallel_degree"]),
+    ("seq_len = 8192", 'seq_len = 8192\nmixed_precision_param = "float16"',
+     ["training.mixed_precision_param = 'float16'", "bfloat16"]),
+    ('mode = "full"', 'mode = "op"', ["activation_checkpoint.mode = 'op'"]),
+])
+def test_torchtitan_errors_name_the_toml_field(tmp_path, old, new, needles):
+    path = _edited(TORCHTITAN, tmp_path, old, new)
+    line = one_error(invoke("compare", "--from-torchtitan", path, "--hardware", "h100-sxm", "--dp", "2"),
+                     f"--from-torchtitan {path}", *needles)
+    assert "error: --tp" not in line and "error: --recompute" not in line
+
+
+def test_hf_errors_name_the_config_keys(tmp_path):
+    import json
+
+    config = json.loads((DATA / "hf_configs" / "llama3-8b" / "config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "num_hidden_layers": 0, "intermediate_size": -5}))
+    line = one_error(invoke("compare", "--model", path, "--hardware", "h100-sxm"),
+                     "field 'num_hidden_layers' = 0", "field 'intermediate_size' = -5")
+    assert "num_layers" not in line and "ffn_hidden_size" not in line
+    path.write_text(json.dumps({**config, "num_attention_heads": 7}))
+    one_error(invoke("compare", "--model", path, "--hardware", "h100-sxm"),
+              "num_key_value_heads (8) must divide num_attention_heads (7)")

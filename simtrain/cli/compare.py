@@ -128,7 +128,7 @@ def compare(
                      attention=attention, activation_cache=activation_cache, kernels=kernels, offload=offload,
                      tp_overlap=True if tp_overlap else None, tp_overlap_fraction=tp_overlap_fraction,
                      hardware_queues=hardware_queues)
-    job = read_job(from_megatron, from_torchtitan, dp)
+    job = read_job(from_megatron, from_torchtitan, overrides)
     for line in job.summary() if job else []:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
     st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)

@@ -3,6 +3,7 @@ flag or the file's field in every error."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,22 +22,47 @@ _FLAG_OF = {"microbatches": "--microbatches", "microbatch_size": "--microbatch-s
             "zero_stage": "--zero-stage"}
 
 
-def parallel_from(base: dict, overrides: dict, source: str) -> ParallelConfig:
-    """Merge CLI overrides into a scenario's parallel section and validate, naming flags on error."""
-    merged = {**base, **{k: v for k, v in overrides.items() if v is not None}}
+def flag_of(field: str) -> str:
+    """The command-line flag of a ParallelConfig field (``microbatch_size`` -> ``--microbatch-size``)."""
+    return _FLAG_OF.get(field, f"--{field.replace('_', '-')}")
+
+
+def parallel_from(base: dict, overrides: dict, source: str, names: dict[str, str] | None = None) -> ParallelConfig:
+    """Merge CLI overrides into a scenario's parallel section and validate, naming flags on error.
+
+    Args:
+        base: the file's parallel fields.
+        overrides: the flags' values (None: not given).
+        source: the file, for messages about its fields.
+        names: the file's own name of a field (an imported job's ``--tensor-model-parallel-size``),
+            default ``field 'parallel.<field>'``.
+
+    Raises:
+        SimtrainError: one clause per problem, naming the flag or the file's field, its value and
+            what is allowed; a rule across fields names the flags and fields it mentions.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    merged = {**base, **given}
+    names = names or {}
+
+    def where(field: str) -> str:
+        if field in given:
+            return flag_of(field)
+        return f"{source}: {names.get(field, f'field {chr(39)}parallel.{field}{chr(39)}')}"
+
     try:
         return ParallelConfig.model_validate(merged)
     except ValidationError as exc:
         parts = []
         for e in exc.errors():
+            msg = e["msg"].removeprefix("Value error, ")
             if not e["loc"]:  # a rule across fields: its message names them
-                given = " and the flags" if any(v is not None for v in overrides.values()) else ""
-                parts.append(f"parallel settings ({source}{given}): {e['msg'].removeprefix('Value error, ')}")
+                named = [f for f in ParallelConfig.model_fields if f in merged and re.search(rf"\b{f}\b", msg)]
+                settings = " and ".join(f"{where(f)} = {merged[f]!r}" for f in named) or f"parallel settings ({source})"
+                parts.append(f"{settings}: {msg}")
                 continue
             field = str(e["loc"][0])
-            flag = _FLAG_OF.get(field, f"--{field.replace('_', '-')}")
-            where = flag if overrides.get(field) is not None else f"{source}: field 'parallel.{field}'"
-            parts.append(f"{where} = {e.get('input')!r}: {e['msg'].removeprefix('Value error, ')}")
+            parts.append(f"{where(field)} = {e.get('input')!r}: {msg}")
         raise SimtrainError("; ".join(parts)) from None
 
 
@@ -70,25 +96,25 @@ def load_settings(scenario: Path | None, model: str | None, hardware: str | None
     """Merge the scenario file (default: the built-in scenario 'default'), or a job imported with
     ``--from-megatron``/``--from-torchtitan``, with the flags; validate all."""
     flags_only = scenario is None and (model is not None or job is not None)  # --hardware alone: the default
+    if job is not None and (scenario is not None or model is not None):
+        raise SimtrainError(f"{job.source} gives the model and the parallel settings: drop the scenario file "
+                            "and --model")
+    if flags_only and hardware is None:
+        raise SimtrainError("give both --model and --hardware (or a scenario file)")
     if job is not None:
-        if scenario is not None or model is not None:
-            raise SimtrainError(f"{job.source} gives the model and the parallel settings: drop the scenario file "
-                                "and --model")
-        overrides = {**job.parallel, **{k: v for k, v in overrides.items() if v is not None}}
-    if flags_only:
-        if hardware is None:
-            raise SimtrainError("give both --model and --hardware (or a scenario file)")
-        base = Scenario(model=model or job.model.name, hardware=hardware, **({"schedules": job.schedules} if job else {}))
-        source = "command line"
+        base = Scenario(model=job.model.name, hardware=hardware, schedules=job.schedules)
+        source, file_parallel = f"{job.flag} {job.source}", job.parallel
+    elif flags_only:
+        base, source, file_parallel = Scenario(model=model, hardware=hardware), "command line", {}
     else:
         path = scenario or DEFAULT_SCENARIO
         base = load_scenario(path)
-        source = str(path)
-    parallel = parallel_from(base.parallel.model_dump(exclude_unset=True), overrides, source)
+        source, file_parallel = str(path), base.parallel.model_dump(exclude_unset=True)
+    parallel = parallel_from(file_parallel, overrides, source, job.fields if job else None)
     times = parse_op_times(op_times) if op_times else base.op_times
     spec = job.model if job is not None else load_model(model or base.model)
     return Settings(base, source, flags_only, spec, load_profile(hardware or base.hardware),
-                     parallel, times, not (no_comm or base.no_comm))
+                    parallel, times, not (no_comm or base.no_comm))
 
 
 def fit_to_file(

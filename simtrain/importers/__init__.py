@@ -20,10 +20,15 @@ class ImportedJob:
     Attributes:
         source: the file read.
         model: the model it trains.
-        parallel: :class:`~simtrain.parallel.ParallelConfig` fields (degrees, microbatches, dtype ...).
+        parallel: :class:`~simtrain.parallel.ParallelConfig` fields (degrees, microbatches, dtype ...),
+            with the command line's values where it gave them.
         schedules: simtrain names of the pipeline schedule(s) the job runs.
         mapped: their settings that were read (``--num-layers 32``, ``parallelism.tensor_parallel_degree = 8``).
         ignored: their settings that simtrain does not represent (with a reason where known).
+        fields: ``parallel`` key -> the file's name for it (``--tensor-model-parallel-size``,
+            ``parallelism.tensor_parallel_degree``), for messages about the file's values.
+        given: the ``parallel`` keys the command line set (shown as such in :meth:`summary`).
+        flag: the command-line flag that read the file (``--from-megatron``), for messages.
     """
 
     source: str
@@ -32,35 +37,59 @@ class ImportedJob:
     schedules: list[str]
     mapped: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    fields: dict[str, str] = field(default_factory=dict)
+    given: set[str] = field(default_factory=set)
+    flag: str = ""
 
     def summary(self) -> list[str]:
-        """Three lines for the user: what was read, what is simulated, what was ignored."""
-        settings = ", ".join(f"{k} {v}" for k, v in self.parallel.items())
+        """Three lines for the user: what was read, what is simulated (a value the command line
+        set is marked ``(--flag)``), what was ignored."""
+        settings = ", ".join(f"{k} {v}" + (f" (--{k.replace('_', '-')})" if k in self.given else "")
+                             for k, v in self.parallel.items())
         simulating = (f"{self.model.name} ({self.model.total_params / 1e9:.2f}B parameters), {settings}, "
                       f"schedule {', '.join(self.schedules)}")
         return [f"{self.source}: read: {', '.join(self.mapped)}", f"{self.source}: simulating: {simulating}",
                 f"{self.source}: ignored: {'; '.join(self.ignored) or 'nothing'}"]
 
 
-def read_job(megatron: Path | None, torchtitan: Path | None, dp: int | None = None) -> ImportedJob | None:
+def positive_int(value: Any, where: str, low: int = 1) -> int:
+    """``value`` as an integer >= ``low``.
+
+    Args:
+        value: what the file holds.
+        where: the file and its field's name, for the message.
+
+    Raises:
+        SimtrainError: ``value`` is not an integer (a boolean is not one) or is below ``low``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise SimtrainError(f"{where} = {value!r}: must be an integer >= {low}")
+    return value
+
+
+def read_job(megatron: Path | None, torchtitan: Path | None, given: dict[str, Any] | None = None) -> ImportedJob | None:
     """The job of ``--from-megatron`` or ``--from-torchtitan`` (None when neither is given).
 
     Args:
         megatron: a Megatron-LM argument list (:func:`.megatron.read_megatron_args`).
         torchtitan: a torchtitan job file (:func:`.torchtitan.read_torchtitan_toml`).
-        dp: the data-parallel degree when the file does not fix it.
+        given: ParallelConfig fields set on the command line (None values are not given); they
+            override the file, and what the file derives from them (Megatron's data-parallel
+            degree from its world size, microbatches from the global batch, virtual stages from
+            layers per virtual stage) is derived again with them.
 
     Raises:
         SimtrainError: both are given, or the file cannot be mapped.
     """
+    given = {k: v for k, v in (given or {}).items() if v is not None}
     if megatron is not None and torchtitan is not None:
         raise SimtrainError("give --from-megatron or --from-torchtitan, not both")
     if megatron is not None:
         from .megatron import read_megatron_args
 
-        return read_megatron_args(megatron, dp)
+        return read_megatron_args(megatron, given)
     if torchtitan is not None:
         from .torchtitan import read_torchtitan_toml
 
-        return read_torchtitan_toml(torchtitan, dp)
+        return read_torchtitan_toml(torchtitan, given)
     return None

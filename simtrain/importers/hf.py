@@ -21,11 +21,14 @@ scaling (the pre-extension training length: 4096 for DeepSeek-V3, 8192 for Llama
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigWarning, SimtrainError, validate_model
+from pydantic import ValidationError
+
+from ..errors import ConfigWarning, SimtrainError
 from ..loading import MAX_YAML_BYTES, read_text
 from ..models import ModelSpec
 
@@ -242,6 +245,51 @@ def _warn_unmapped(f: _Fields) -> None:
         warnings.warn(ConfigWarning(f"{f.path}: fields not simulated: " + "; ".join(notes)), stacklevel=3)
 
 
+_KEYS = {
+    "num_layers": ("num_hidden_layers", "n_layer"), "hidden_size": ("hidden_size", "n_embd"),
+    "ffn_hidden_size": ("intermediate_size", "n_inner"), "num_heads": ("num_attention_heads", "n_head"),
+    "num_kv_heads": ("num_key_value_heads",), "seq_len": ("rope_scaling.original_max_position_embeddings",
+                                                        "max_position_embeddings", "n_positions"),
+    "moe.num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+    "moe.expert_ffn_hidden_size": ("moe_intermediate_size", "intermediate_size"),
+    "moe.num_shared_experts": ("n_shared_experts", "shared_expert_intermediate_size"),
+    "moe.top_k": ("num_experts_per_tok",), "moe.first_dense_layers": ("first_k_dense_replace", "mlp_only_layers"),
+}
+"""simtrain's ModelSpec field -> the config keys it is read from (the first present one is named)."""
+
+
+def _config_key(f: _Fields, field: str) -> tuple[str, object] | None:
+    """The config key (and its value) a ModelSpec field came from, or None (a derived field)."""
+    for key in _KEYS.get(field, (field.split(".")[-1],)):
+        value: object = f.data
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            return key, value
+    return None
+
+
+def _describe(err: ValidationError, f: _Fields) -> str:
+    """A ModelSpec validation error in the config's own key names (``num_hidden_layers``, not
+    simtrain's ``num_layers``); a field with no single key keeps simtrain's name."""
+    parts = []
+    for e in err.errors():
+        field = ".".join(str(x) for x in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        found = _config_key(f, field) if e["loc"] else None
+        if found is not None:
+            parts.append(f"field '{found[0]}' = {found[1]!r}: {msg}")
+        elif e["loc"]:
+            parts.append(f"'{field}' (derived from the config) = {e.get('input')!r}: {msg}")
+        else:  # a rule across fields: name them by their config keys
+            for name in _KEYS:
+                key = _config_key(f, name)
+                if key is not None and "." not in name:
+                    msg = re.sub(rf"\b{name}\b", key[0], msg)
+            parts.append(msg)
+    return f"{f.path}: " + "; ".join(parts)
+
+
 def model_from_hf_dict(data: dict[str, Any], path: Path) -> ModelSpec:
     """Map a parsed HuggingFace config to a :class:`ModelSpec` (see the module docstring).
 
@@ -264,7 +312,10 @@ def model_from_hf_dict(data: dict[str, Any], path: Path) -> ModelSpec:
     spec = MAPPERS[model_type](f)
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     spec.update(name=name, description=f"HuggingFace {model_type} config", source=str(path))
-    model = validate_model(ModelSpec, spec, str(path))
+    try:
+        model = ModelSpec.model_validate(spec)
+    except ValidationError as err:
+        raise SimtrainError(_describe(err, f)) from None
     _warn_unmapped(f)
     return model
 

@@ -6,7 +6,11 @@ is set, see below), biases and tied embeddings are on unless ``--disable-bias-li
 ``--untie-embeddings-and-output-weights``, dropout is 0.1, positions are ``learned_absolute``.
 The file may be a launch script: backslash line ends, ``#`` comments and anything that is not a
 ``--flag`` (``torchrun``, the script name, shell variables) are skipped; torchrun's ``--nnodes``
-and ``--nproc-per-node`` give the world size and hence the data-parallel degree.
+and ``--nproc-per-node`` give the world size and hence the data-parallel degree, world / (TP x PP x
+CP), derived again when ``--tp``, ``--pp`` or ``--cp`` override the file (the same job on the same
+GPUs, cut differently), as are the microbatches from ``--global-batch-size``. Context parallelism
+(``--context-parallel-size``, ``--cp-comm-type``) maps to simtrain's ``cp`` and ``cp_kind``.
+Every integer flag must be >= 1 (Megatron-LM divides by them).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 from ..errors import SimtrainError, validate_model
 from ..loading import MAX_YAML_BYTES, read_text
 from ..models import ModelSpec
-from . import ImportedJob
+from . import ImportedJob, positive_int
 
 _DTYPES = (("fp8_format", "fp8"), ("bf16", "bf16"), ("fp16", "fp16"))
 
@@ -37,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
             "context-parallel-size", "moe-layer-freq"]
     for name in ints:
         p.add_argument(f"--{name}", type=int)
-    for name in ["normalization", "position-embedding-type", "recompute-granularity", "fp8-format"]:
+    for name in ["normalization", "position-embedding-type", "recompute-granularity", "fp8-format", "cp-comm-type"]:
         p.add_argument(f"--{name}")
     for name in ["attention-dropout", "hidden-dropout"]:
         p.add_argument(f"--{name}", type=float)
@@ -94,46 +98,143 @@ def _model(a: argparse.Namespace, tp: int, path: Path, ignored: list[str]) -> Mo
     return validate_model(ModelSpec, spec, str(path))
 
 
-def read_megatron_args(path: Path, dp: int | None = None) -> ImportedJob:
+_FIELDS = dict(tp="--tensor-model-parallel-size", pp="--pipeline-model-parallel-size",
+               dp="the data-parallel size (--nnodes x --nproc-per-node / (TP x PP x CP))",
+               ep="--expert-model-parallel-size", microbatch_size="--micro-batch-size",
+               microbatches="--global-batch-size / (--micro-batch-size x data-parallel size)", seq_len="--seq-length",
+               dtype="--bf16/--fp16/--fp8-format", zero_stage="--use-distributed-optimizer",
+               sequence_parallel="--sequence-parallel", recompute="--recompute-granularity",
+               cp="--context-parallel-size", cp_kind="--cp-comm-type")
+"""simtrain's parallel field -> the Megatron-LM flag (or the rule) it comes from, for messages."""
+
+CP_KINDS = {"p2p": "ring", "a2a": "ulysses", "allgather": "allgather"}
+"""``--cp-comm-type`` (Megatron-LM arguments.py; default ``p2p``) -> simtrain's ``cp_kind``: p2p
+passes KV blocks around the CP ring, a2a is DeepSpeed-Ulysses' all-to-all of heads, allgather
+gathers K and V. Megatron's hierarchical ``a2a+p2p`` has no counterpart."""
+
+
+def _world(a: argparse.Namespace) -> int | None:
+    """torchrun's world size, ``--nnodes`` x ``--nproc-per-node`` (torchrun's defaults: 1 and 1),
+    or None when the file gives neither."""
+    if a.nnodes is None and a.nproc_per_node is None:
+        return None
+    return (a.nnodes or 1) * (a.nproc_per_node or 1)
+
+
+def _data_parallel(a: argparse.Namespace, given: dict, group: tuple[int, int, int], where: str,
+                   ignored: list[str]) -> int:
+    """The data-parallel size: ``--dp`` when given, else Megatron's world size / (TP x PP x CP)
+    (``megatron/training/arguments.py``, ``validate_args``), else 1."""
+    world, (tp, pp, cp) = _world(a), group
+    launch = f"--nnodes {a.nnodes or 1} x --nproc-per-node {a.nproc_per_node or 1} = {world} GPUs"
+    if "dp" in given:
+        if world is not None and world != tp * pp * cp * given["dp"]:
+            ignored.append(f"the world size ({launch}): --dp {given['dp']} is simulated instead")
+        return given["dp"]
+    if world is None:
+        ignored.append("(no world size: torchrun's --nnodes/--nproc-per-node are not in the file; dp = 1, "
+                       "or give --dp)")
+        return 1
+    cli = [f"--{k}" for k in ("tp", "pp", "cp") if k in given]
+    if world % (tp * pp * cp):
+        raise SimtrainError(f"{where}: the world size {launch} is not a multiple of TP x PP x CP = {tp} x {pp} x {cp}"
+                            f" = {tp * pp * cp}" + (f" ({', '.join(cli)} from the command line)" if cli else "")
+                            + "; Megatron-LM refuses it too (validate_args)")
+    return world // (tp * pp * cp)
+
+
+def _virtual_stages(a: argparse.Namespace, given: dict, num_layers: int, pp: int, where: str) -> int:
+    """Virtual stages per rank: ``--vp`` when given, ``--num-virtual-stages-per-pipeline-rank``, or
+    (layers / pp) / ``--num-layers-per-virtual-pipeline-stage``, which Megatron-LM requires to
+    divide (``validate_args``: "number of layers per pipeline stage must be divisible number of
+    layers per virtual pipeline stage"), else 1."""
+    per_stage, per_rank = a.num_layers_per_virtual_pipeline_stage, a.num_virtual_stages_per_pipeline_rank
+    if per_stage is not None and per_rank is not None:
+        raise SimtrainError(f"{where}: --num-layers-per-virtual-pipeline-stage and "
+                            "--num-virtual-stages-per-pipeline-rank are both given; Megatron-LM takes one")
+    if "vp" in given:
+        return given["vp"]
+    if per_stage is None:
+        return per_rank or 1
+    pp_note = " (--pp from the command line)" if "pp" in given else ""
+    if num_layers % pp:
+        raise SimtrainError(f"{where}: --num-layers-per-virtual-pipeline-stage {per_stage} needs --num-layers "
+                            f"{num_layers} to be a multiple of the pipeline size {pp}{pp_note} (Megatron-LM's "
+                            "validate_args)")
+    layers = num_layers // pp
+    if layers % per_stage:
+        divisors = [d for d in range(1, layers + 1) if layers % d == 0]
+        raise SimtrainError(f"{where}: --num-layers-per-virtual-pipeline-stage = {per_stage}: each pipeline rank "
+                            f"holds {layers} layers (--num-layers {num_layers} / pp {pp}{pp_note}), not a multiple "
+                            f"of {per_stage}; allowed: a divisor of {layers} ({', '.join(map(str, divisors))})")
+    return layers // per_stage
+
+
+def _microbatches(a: argparse.Namespace, given: dict, mbs: int, dp: int, where: str) -> int:
+    """``--microbatches`` when given, else ``--global-batch-size`` / (micro-batch x dp), which must
+    divide; without a global batch Megatron-LM takes micro-batch x dp, one microbatch."""
+    if "microbatches" in given:
+        return given["microbatches"]
+    gbs = a.global_batch_size
+    if gbs is None:
+        return 1
+    if gbs % (mbs * dp):
+        raise SimtrainError(f"{where}: --global-batch-size {gbs} is not a multiple of "
+                            f"--micro-batch-size x data-parallel size = {mbs} x {dp}")
+    return gbs // (mbs * dp)
+
+
+def _context_parallel(a: argparse.Namespace, cp: int, where: str) -> dict:
+    if cp == 1 and a.cp_comm_type is None:
+        return {}
+    kind = a.cp_comm_type or "p2p"
+    if kind not in CP_KINDS:
+        raise SimtrainError(f"{where}: --cp-comm-type = {kind!r}: simtrain simulates {', '.join(CP_KINDS)}")
+    return dict(cp=cp, cp_kind=CP_KINDS[kind])
+
+
+def read_megatron_args(path: Path, given: dict | None = None) -> ImportedJob:
     """Read a Megatron-LM argument list (see the module docstring).
 
     Args:
         path: a text file of ``pretrain_gpt.py`` arguments, or a launch script containing them.
-        dp: the data-parallel degree when the file does not give the world size.
+        given: ParallelConfig fields set on the command line: they override the file, and the
+            data-parallel size (from the file's world size), the microbatches (from its global
+            batch) and the virtual stages (from its layers per virtual stage) are derived with them.
 
     Returns:
         The :class:`ImportedJob` (schedule ``1f1b``, or ``interleaved-1f1b`` with virtual stages).
 
     Raises:
-        SimtrainError: unreadable file, a missing model flag, or values that do not divide.
+        SimtrainError: unreadable file, a missing model flag, a size below 1, or values that do
+            not divide (each as Megatron-LM's ``validate_args`` refuses them).
     """
+    given, where = dict(given or {}), f"--from-megatron {path}"
     text = read_text(path, "a Megatron-LM argument file", MAX_YAML_BYTES)
     tokens = _tokens(text)
     try:
         a, unknown = _parser().parse_known_args(tokens)
     except argparse.ArgumentError as exc:
-        raise SimtrainError(f"--from-megatron {path}: {exc}") from None
+        raise SimtrainError(f"{where}: {exc}") from None
+    for key, value in vars(a).items():
+        if type(value) is int:
+            positive_int(value, f"{where}: --{key.replace('_', '-')}")
     ignored = [t.split("=")[0] for t in unknown if t.startswith("--")]
-    tp, pp = a.tensor_model_parallel_size or 1, a.pipeline_model_parallel_size or 1
+    tp, pp = given.get("tp", a.tensor_model_parallel_size or 1), given.get("pp", a.pipeline_model_parallel_size or 1)
+    cp, mbs = given.get("cp", a.context_parallel_size or 1), given.get("microbatch_size", a.micro_batch_size or 1)
     model = _model(a, tp, path, ignored)
-    world = (a.nnodes or 1) * (a.nproc_per_node or 0) if (a.nproc_per_node) else None
-    if world is not None:
-        dp = world // (tp * pp * (a.context_parallel_size or 1))
-    vp = a.num_virtual_stages_per_pipeline_rank or (
-        model.num_layers // pp // a.num_layers_per_virtual_pipeline_stage if a.num_layers_per_virtual_pipeline_stage else 1)
-    mbs, gbs, dp = a.micro_batch_size or 1, a.global_batch_size, dp or 1
-    if gbs is not None and gbs % (mbs * dp):
-        raise SimtrainError(f"--from-megatron {path}: --global-batch-size {gbs} is not a multiple of "
-                            f"--micro-batch-size x data-parallel size = {mbs} x {dp}")
+    dp = _data_parallel(a, given, (tp, pp, cp), where, ignored)
+    vp = _virtual_stages(a, given, model.num_layers, pp, where)
     parallel = dict(tp=tp, pp=pp, dp=dp, vp=vp, ep=a.expert_model_parallel_size or 1, microbatch_size=mbs,
-                    microbatches=gbs // (mbs * dp) if gbs else 1, seq_len=model.seq_len,
+                    microbatches=_microbatches(a, given, mbs, dp, where), seq_len=model.seq_len,
                     dtype=next((d for flag, d in _DTYPES if getattr(a, flag)), "fp32"),
                     zero_stage=1 if a.use_distributed_optimizer else 0, sequence_parallel=a.sequence_parallel,
-                    recompute=a.recompute_granularity or ("selective" if a.recompute_activations else "none"))
-    if (a.context_parallel_size or 1) > 1:
-        ignored.append(f"--context-parallel-size {a.context_parallel_size} (no context parallelism in simtrain)")
+                    recompute=a.recompute_granularity or ("selective" if a.recompute_activations else "none"),
+                    **_context_parallel(a, cp, where))
+    parallel.update(given)
     mapped = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
               for k, v in vars(a).items() if v not in (None, False)]
-    if world is None:
-        ignored.append(f"(no world size: torchrun's --nnodes/--nproc-per-node are not in the file; dp = {dp} from --dp)")
-    return ImportedJob(str(path), model, parallel, ["interleaved-1f1b" if vp > 1 else "1f1b"], mapped, ignored)
+    fields = dict(_FIELDS, vp="--num-virtual-stages-per-pipeline-rank" if a.num_virtual_stages_per_pipeline_rank
+                  else "the layers per rank / --num-layers-per-virtual-pipeline-stage")
+    schedule = "interleaved-1f1b" if parallel["vp"] > 1 else "1f1b"
+    return ImportedJob(str(path), model, parallel, [schedule], mapped, ignored, fields, set(given), "--from-megatron")

@@ -26,7 +26,7 @@ from ..errors import SimtrainError
 from ..loading import MAX_YAML_BYTES, read_text
 from ..models import load_model
 from ..schedules.names import canonical_schedule
-from . import ImportedJob
+from . import ImportedJob, positive_int
 
 FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
            ("deepseek_v3", "671B"): "deepseek-v3"}
@@ -64,63 +64,112 @@ def _fsdp_stage(reshard: str, pp: int) -> int:
     return 3 if reshard == "always" or (reshard == "default" and pp == 1) else 2
 
 
-def _data_parallel(p: dict[str, Any], dp: int | None, notes: list[str]) -> int:
-    replicate, shard = p.get("data_parallel_replicate_degree", 1), p.get("data_parallel_shard_degree", -1)
-    if shard == -1:  # the ranks left over after the other dimensions: the world size is not in the file
+_FIELDS = dict(tp="parallelism.tensor_parallel_degree", pp="parallelism.pipeline_parallel_degree",
+               dp="parallelism.data_parallel_replicate_degree x data_parallel_shard_degree",
+               vp="parallelism.pipeline_parallel_layers_per_stage", ep="parallelism.expert_parallel_degree",
+               microbatch_size="parallelism.pipeline_parallel_microbatch_size",
+               microbatches="training.local_batch_size / microbatch size", seq_len="training.seq_len",
+               dtype="training.mixed_precision_param", zero_stage="parallelism.data_parallel_shard_degree",
+               recompute="activation_checkpoint.mode", cp="parallelism.context_parallel_degree",
+               cp_kind="parallelism.context_parallel_rotate_method",
+               grad_reduce_dtype="training.mixed_precision_reduce")
+"""simtrain's parallel field -> the torchtitan field it comes from, for messages."""
+
+_PRECISION = {"bfloat16": "bf16", "float32": "fp32"}
+"""torchtitan's ``mixed_precision_param`` / ``mixed_precision_reduce`` values -> simtrain dtypes."""
+_ROTATE = {"allgather": "allgather", "alltoall": "ring"}
+"""torchtitan's ``context_parallel_rotate_method`` -> simtrain's ``cp_kind``."""
+
+
+class _Job:
+    """The parsed TOML with typed, range-checked reads that name the field (``section.key``)."""
+
+    def __init__(self, job: dict[str, Any], path: Path) -> None:
+        self.job, self.where = job, f"--from-torchtitan {path}"
+
+    def section(self, name: str) -> dict[str, Any]:
+        table = self.job.get(name, {})
+        if not isinstance(table, dict):
+            raise SimtrainError(f"{self.where}: [{name}] must be a table, not {table!r}")
+        return table
+
+    def int(self, section: str, key: str, default: int, low: int = 1) -> int:
+        return positive_int(self.section(section).get(key, default), f"{self.where}: {section}.{key}", low)
+
+    def choice(self, section: str, key: str, default: str, allowed: dict[str, str]) -> str:
+        value = self.section(section).get(key, default)
+        if value not in allowed:
+            raise SimtrainError(f"{self.where}: {section}.{key} = {value!r}: simtrain reads {sorted(allowed)}")
+        return allowed[value]
+
+
+def _data_parallel(j: _Job, dp: int | None, notes: list[str]) -> int:
+    replicate = j.int("parallelism", "data_parallel_replicate_degree", 1)
+    if j.section("parallelism").get("data_parallel_shard_degree", -1) == -1:
+        # the ranks left over after the other dimensions: the world size is not in the file
         where = f"dp = {dp} from --dp" if dp else f"no world size in the file, dp = {replicate} (give --dp)"
         notes.append(f"parallelism.data_parallel_shard_degree = -1 (the ranks left over): {where}")
         return dp or replicate
-    return replicate * shard
+    from_file = replicate * j.int("parallelism", "data_parallel_shard_degree", -1)
+    return dp or from_file
 
 
-def read_torchtitan_toml(path: Path, dp: int | None = None) -> ImportedJob:
+def read_torchtitan_toml(path: Path, given: dict | None = None) -> ImportedJob:
     """Read a torchtitan job file (see the module docstring).
 
     Args:
         path: the ``.toml`` job file.
-        dp: the data-parallel degree when ``data_parallel_shard_degree`` is -1 (all ranks left over).
+        given: ParallelConfig fields set on the command line; they override the file (``dp``
+            also stands for ``data_parallel_shard_degree = -1``, all ranks left over).
 
     Returns:
         The :class:`ImportedJob`.
 
     Raises:
-        SimtrainError: unreadable or malformed TOML, an unknown model, an unknown schedule, or a
-            batch that does not divide into microbatches.
+        SimtrainError: unreadable or malformed TOML, an unknown model, an unknown schedule, a
+            degree or batch that is not an integer >= 1, an unknown precision or rotate method,
+            or a batch that does not divide into microbatches (each naming ``section.field``).
     """
+    given = dict(given or {})
     text = read_text(path, "a torchtitan job file", MAX_YAML_BYTES)
     try:
         job = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SimtrainError(f"--from-torchtitan {path}: malformed TOML: {exc}") from None
-    m, t, p = job.get("model", {}), job.get("training", {}), job.get("parallelism", {})
+    j = _Job(job, path)
+    m, t, p = j.section("model"), j.section("training"), j.section("parallelism")
     notes: list[str] = []
     model = _model(m, path)
     schedule = canonical_schedule(str(p.get("pipeline_parallel_schedule", "1F1B")),
                                   f"--from-torchtitan {path}: parallelism.pipeline_parallel_schedule")
-    pp, local = p.get("pipeline_parallel_degree", 1), t.get("local_batch_size", 8)
-    mbs = p.get("pipeline_parallel_microbatch_size", 1) if pp > 1 else local
+    pp, local = given.get("pp", j.int("parallelism", "pipeline_parallel_degree", 1)), j.int("training", "local_batch_size", 8)
+    mbs = j.int("parallelism", "pipeline_parallel_microbatch_size", 1) if pp > 1 else local
+    mbs = given.get("microbatch_size", mbs)
     if local % mbs:
         raise SimtrainError(f"--from-torchtitan {path}: training.local_batch_size = {local} is not a multiple of "
                             f"parallelism.pipeline_parallel_microbatch_size = {mbs}")
     per_stage = p.get("pipeline_parallel_layers_per_stage")
+    per_stage = None if per_stage is None else j.int("parallelism", "pipeline_parallel_layers_per_stage", 1)
     vp = 1 if schedule in _SINGLE_STAGE else (math.ceil(model.num_layers / per_stage / pp) if per_stage else 2)
     shard = p.get("data_parallel_shard_degree", -1)
-    parallel = dict(tp=p.get("tensor_parallel_degree", 1), pp=pp, dp=_data_parallel(p, dp, notes), vp=vp,
-                    ep=p.get("expert_parallel_degree", 1), microbatch_size=mbs, microbatches=local // mbs,
-                    seq_len=t.get("seq_len", 2048),
-                    dtype="fp8" if "float8" in m.get("converters", []) else
-                    {"bfloat16": "bf16", "float32": "fp32"}[t.get("mixed_precision_param", "bfloat16")],
+    converters = m.get("converters", [])
+    parallel = dict(tp=j.int("parallelism", "tensor_parallel_degree", 1), pp=pp,
+                    dp=_data_parallel(j, given.get("dp"), notes), vp=vp,
+                    ep=j.int("parallelism", "expert_parallel_degree", 1), microbatch_size=mbs,
+                    microbatches=local // mbs, seq_len=j.int("training", "seq_len", 2048),
+                    dtype="fp8" if isinstance(converters, list) and "float8" in converters else
+                    j.choice("training", "mixed_precision_param", "bfloat16", _PRECISION),
                     zero_stage=_fsdp_stage(p.get("fsdp_reshard_after_forward", "default"), pp) if shard != 1 else 0,
-                    recompute=job.get("activation_checkpoint", {}).get("mode", "selective"),
-                    cp=p.get("context_parallel_degree", 1),
-                    cp_kind={"alltoall": "ring"}.get(p.get("context_parallel_rotate_method", "allgather"), "allgather"))
+                    recompute=j.section("activation_checkpoint").get("mode", "selective"),
+                    cp=j.int("parallelism", "context_parallel_degree", 1),
+                    cp_kind=j.choice("parallelism", "context_parallel_rotate_method", "allgather", _ROTATE))
     if shard != 1:
-        reduce = t.get("mixed_precision_reduce", "float32")
-        parallel["grad_reduce_dtype"] = {"float32": "fp32", "bfloat16": "bf16"}.get(reduce, "fp32")
+        parallel["grad_reduce_dtype"] = j.choice("training", "mixed_precision_reduce", "float32", _PRECISION)
         if parallel["zero_stage"] == 2:
             notes.append("FSDP2 keeps the gathered parameters between microbatches (reshard_after_forward False, "
                          "torchtitan's default with pipeline parallelism): simulated as ZeRO-2")
-    mapped = [f"{sec}.{k} = {v!r}" for sec, keys in _READ.items() for k, v in job.get(sec, {}).items() if k in keys]
+    parallel.update(given)
+    mapped = [f"{sec}.{k} = {v!r}" for sec, keys in _READ.items() for k, v in j.section(sec).items() if k in keys]
     ignored = notes + [f"{sec}.{k}" for sec, table in job.items() if sec not in _SILENT and isinstance(table, dict)
                        for k in table if k not in _READ.get(sec, set())]
-    return ImportedJob(str(path), model, parallel, [schedule], mapped, ignored)
+    return ImportedJob(str(path), model, parallel, [schedule], mapped, ignored, _FIELDS, set(given), "--from-torchtitan")

@@ -175,7 +175,7 @@ def _not_applicable(flag: str, given: bool, why: str) -> None:
 
 
 def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfile, parallel: ParallelConfig,
-                     given: set[str]) -> None:
+                     given: set[str], imported: bool = False) -> None:
     """Refuse flags that do not apply, and warn about settings that are legal but odd.
 
     Args:
@@ -183,14 +183,16 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
         model, hardware, parallel: what runs where.
         given: ParallelConfig fields given as command-line flags (the rest came from a scenario
             file or the defaults).
+        imported: a schedule file runs too (its stages per rank are the file's, whatever ``vp``).
 
     Raises:
         SimtrainError: a flag that applies to none of ``names`` or not to the model.
     """
     bases = [split_name(n) for n in names]
-    if parallel.vp > 1 and names and not any(REGISTRY[b].uses_vp for b, _ in bases):
-        _not_applicable("--vp", "vp" in given, f"none of {', '.join(names)} has virtual stages; "
-                        f"--vp applies to {_vp_schedules()}")
+    if parallel.vp > 1 and (names or imported) and not any(REGISTRY[b].uses_vp for b, _ in bases):
+        what = f"none of {', '.join(names)} has virtual stages" if names else \
+            "the schedule file places its stages itself"
+        _not_applicable("--vp", "vp" in given, f"{what}; --vp applies to {_vp_schedules()}")
     if parallel.waves is not None and names and not any("waved-ep" in v for _, v in bases):
         _not_applicable("--waves", "waves" in given, f"none of {', '.join(names)} uses Waved-EP; "
                         "add '+waved-ep' to a schedule name, e.g. 1f1b+waved-ep")
@@ -238,6 +240,32 @@ def _check_settings_apply(names: list[str], parallel: ParallelConfig, given: set
                         "into I and W, so nothing waits for a W")
     if parallel.grad_reduce_op is not None and parallel.dp == 1:
         _not_applicable("--grad-reduce-op", "grad_reduce_op" in given, "there is no DP gradient reduction with --dp 1")
+
+
+def check_simplified(fixed_times: str | None, free_comm: str | None, typed: dict[str, object]) -> None:
+    """Refuse typed flags that only price what fixed op-times replace or what free communication
+    removes, so they would change nothing.
+
+    Args:
+        fixed_times: where fixed op-times come from (``--op-times``, a scenario's field), or None.
+        free_comm: where communication is made free (``--no-comm``, a scenario's field), or None.
+        typed: the flags the user typed (None: not typed): ``--cost-model`` (other than auto),
+            ``--recompute`` operator lists (memory is kept as for ``none``; only I is priced),
+            ``--fp8``, ``--breakdown``, ``--tp-overlap`` and ``--tp-overlap-fraction``.
+
+    Raises:
+        SimtrainError: the first such flag, naming what makes it idle.
+    """
+    if fixed_times is not None:
+        for flag in ("--cost-model", "--recompute", "--fp8", "--breakdown"):
+            if typed.get(flag) is not None:
+                raise SimtrainError(f"{flag} {typed[flag]}: changes only the compute cost model's durations, and "
+                                    f"{fixed_times} fixes every duration; drop one of them")
+    if free_comm is not None:
+        for flag in ("--tp-overlap", "--tp-overlap-fraction"):
+            if typed.get(flag) is not None:
+                raise SimtrainError(f"{flag}: hides TP collectives behind compute, and {free_comm} makes every "
+                                    "collective free; drop one of them")
 
 
 def _warn(message: str) -> None:

@@ -50,6 +50,17 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+def _refuse(op: str, flags: dict[str, object], why: str) -> None:
+    """Refuse the first of ``flags`` that was given (not None): it would change nothing for ``op``.
+
+    Raises:
+        SimtrainError: ``--flag: <why>, not <op>``.
+    """
+    for flag, value in flags.items():
+        if value is not None:
+            raise SimtrainError(f"{flag}: {why}, not {op}")
+
+
 def _print_rows(rows: list[dict], title: str, columns: list[tuple[str, str, float, str]]) -> None:
     table = Table(title=title)
     for head, *_ in columns:
@@ -65,15 +76,19 @@ def collective(
     hardware: Annotated[str, typer.Option(help="hardware profile name or YAML file")],
     gpus: Annotated[Optional[int], typer.Option(help="ranks in the group (NCCL collectives)")] = None,
     gpus_per_node: Annotated[Optional[int], typer.Option(help="ranks per node (default: the node's GPUs)")] = None,
-    sizes: Annotated[str, typer.Option(help="nccl-tests sizes, e.g. 1M,64M,1G,8G")] = DEFAULT_SIZES,
-    algorithm: Annotated[str, typer.Option(help="auto, ring, tree or nvls")] = "auto",
+    sizes: Annotated[Optional[str], typer.Option(
+        help=f"nccl-tests sizes, e.g. 1M,64M,1G,8G (NCCL collectives) [default: {DEFAULT_SIZES}]")] = None,
+    algorithm: Annotated[Optional[str], typer.Option(
+        help="auto, ring, tree or nvls (NCCL collectives) [default: auto]")] = None,
     ep: Annotated[Optional[int], typer.Option(help="expert-parallel GPUs (dispatch/combine)")] = None,
     tokens: Annotated[Optional[int], typer.Option(help="tokens per GPU (dispatch/combine)")] = None,
     hidden: Annotated[Optional[int], typer.Option(help="hidden size (dispatch/combine)")] = None,
     topk: Annotated[Optional[int], typer.Option(help="experts per token (dispatch/combine)")] = None,
-    dispatch_dtype: Annotated[str, typer.Option(help="bf16 or fp8 (dispatch; combine is bf16)")] = "fp8",
+    dispatch_dtype: Annotated[Optional[str], typer.Option(
+        help="bf16 or fp8 (dispatch only; combine is bf16) [default: fp8]")] = None,
     node_limit: Annotated[Optional[int], typer.Option(help="nodes a token may use (default: all)")] = None,
-    experts: Annotated[int, typer.Option(help="routed experts in total (dispatch/combine)")] = 256,
+    experts: Annotated[Optional[int], typer.Option(
+        help="routed experts in total (dispatch/combine) [default: 256]")] = None,
     low_latency: Annotated[bool, typer.Option("--low-latency", help="DeepEP's pure-RDMA kernels")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
 ) -> None:
@@ -86,7 +101,12 @@ def collective(
             raise SimtrainError(f"collective {op}: {', '.join(missing)} required")
         if gpus is not None:
             raise SimtrainError(f"--gpus: not used by {op}; give the group with --ep")
-        e = estimate_ep(op, hw, ep, tokens, hidden, topk, dispatch_dtype, node_limit, experts, low_latency)
+        _refuse(op, {"--gpus-per-node": gpus_per_node, "--sizes": sizes, "--algorithm": algorithm},
+                "only for the NCCL collectives (the message size is --tokens x --hidden x --topk)")
+        if op == "combine":
+            _refuse(op, {"--dispatch-dtype": dispatch_dtype}, "only for dispatch: DeepEP's combine sends BF16")
+        e = estimate_ep(op, hw, ep, tokens, hidden, topk, dispatch_dtype or "fp8", node_limit,
+                        256 if experts is None else experts, low_latency)
         row = dict(op=e.op, ep=e.ep, time_s=e.time_s, bottleneck=e.bottleneck,
                    nvlink_bytes_per_s=e.nvlink_bytes_per_s, rdma_bytes_per_s=e.rdma_bytes_per_s)
         if as_json:
@@ -97,12 +117,12 @@ def collective(
                      ("bottleneck", "bottleneck", 1, ""), ("NVL (GB/s)", "nvlink_bytes_per_s", 1e-9, ".1f"),
                      ("RDMA (GB/s)", "rdma_bytes_per_s", 1e-9, ".1f")])
         return
-    for flag, value in zip(_EP_FLAGS + ("--node-limit",), (ep, tokens, hidden, topk, node_limit)):
-        if value is not None:
-            raise SimtrainError(f"{flag}: only for dispatch and combine, not {op}")
+    _refuse(op, dict(zip(_EP_FLAGS + ("--node-limit", "--dispatch-dtype", "--experts", "--low-latency"),
+                         (ep, tokens, hidden, topk, node_limit, dispatch_dtype, experts, low_latency or None))),
+            "only for dispatch and combine")
     if gpus is None:
         raise SimtrainError(f"collective {op}: --gpus required")
-    ests = [estimate(op, size, hw, gpus, gpus_per_node, algorithm) for size in parse_sizes(sizes)]
+    ests = [estimate(op, size, hw, gpus, gpus_per_node, algorithm or "auto") for size in parse_sizes(sizes or DEFAULT_SIZES)]
     rows = [dict(op=e.op, gpus=e.gpus, nodes=e.nodes, bytes=e.nbytes, time_s=e.time_s,
                  algbw_bytes_per_s=e.algbw_bytes_per_s, busbw_bytes_per_s=e.busbw_bytes_per_s, algorithm=e.algorithm)
             for e in ests]

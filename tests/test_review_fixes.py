@@ -121,3 +121,46 @@ def test_hf_errors_name_the_config_keys(tmp_path):
     path.write_text(json.dumps({**config, "num_attention_heads": 7}))
     one_error(invoke("compare", "--model", path, "--hardware", "h100-sxm"),
               "num_key_value_heads (8) must divide num_attention_heads (7)")
+
+
+# ----------------------------------------------------------------------------- C: flags that change nothing
+@pytest.mark.parametrize("extra, needles", [
+    (["--op-times", "1,1,1", "--recompute", "norm"], ["--recompute norm", "--op-times fixes every duration"]),
+    (["--op-times", "1,1,1", "--cost-model", "flat"], ["--cost-model flat", "--op-times"]),
+    (["--op-times", "1,1,1", "--fp8", "gemms"], ["--fp8 gemms", "--op-times"]),
+    (["--op-times", "1,1,1", "--breakdown", "0"], ["--breakdown 0", "--op-times"]),
+    (["--no-comm", "--tp", "2", "--tp-overlap"], ["--tp-overlap:", "--no-comm makes every collective free"]),
+])
+def test_flags_idle_under_fixed_times_or_free_comm_are_refused(extra, needles):
+    one_error(invoke("compare", *SMALL, "--schedules", "1f1b", "--json", *extra), *needles)
+
+
+def test_kernels_eager_still_counts_with_fixed_op_times():
+    """Not refused: eager kernels change the activations autograd keeps, which --op-times does not fix."""
+    import json
+
+    rows = [json.loads(invoke("compare", *SMALL, "--schedules", "1f1b", "--json", "--op-times", "1,1,1", *k).stdout)[0]
+            for k in ([], ["--kernels", "eager"])]
+    assert rows[0]["step_time_s"] == rows[1]["step_time_s"]
+    assert rows[1]["peak_memory_bytes"][0] > rows[0]["peak_memory_bytes"][0]
+
+
+def test_vp_with_only_a_schedule_file_is_refused(tmp_path):
+    csv = tmp_path / "f.csv"
+    assert invoke("export-schedule", "1f1b", "--pp", "4", "--microbatches", "8", "--out", csv).exit_code == 0
+    one_error(invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--seq-len", "2048",
+                     "--schedule-file", csv, "--vp", "2"), "--vp: the schedule file places its stages itself")
+
+
+EP = ["--hardware", "h800", "--ep", "64", "--tokens", "4096", "--hidden", "7168", "--topk", "8"]
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["combine", *EP, "--dispatch-dtype", "fp8"], ["--dispatch-dtype: only for dispatch", "combine sends BF16"]),
+    (["dispatch", *EP, "--sizes", "1M"], ["--sizes: only for the NCCL collectives"]),
+    (["dispatch", *EP, "--algorithm", "ring"], ["--algorithm: only for the NCCL collectives"]),
+    (["all-reduce", "--hardware", "h800", "--gpus", "8", "--experts", "3"], ["--experts: only for dispatch"]),
+    (["all-reduce", "--hardware", "h800", "--gpus", "8", "--low-latency"], ["--low-latency: only for dispatch"]),
+])
+def test_collective_flags_that_change_nothing_are_refused(args, needles):
+    one_error(invoke("collective", *args), *needles)

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from ..checks import MAX_TASKS, check_applicable, check_finite, check_imported, check_structure
+from ..checks import (MAX_TASKS, check_applicable, check_finite, check_imported, check_simplified,
+                      check_structure)
 from ..engine import DeadlockError
 from ..errors import SimtrainError
 from ..export import check_output_path, write_chrome_trace, write_output, write_trace_csv
@@ -132,6 +133,11 @@ def compare(
     for line in job.summary() if job else []:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
     st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)
+    check_simplified("--op-times" if op_times else f"{st.source}: field 'op_times'" if st.op_times else None,
+                     "--no-comm" if no_comm else f"{st.source}: field 'no_comm'" if not st.comm else None,
+                     {"--cost-model": None if cost_model == "auto" else cost_model, "--recompute": modules, "--fp8": fp8,
+                      "--breakdown": breakdown, "--tp-overlap": tp_overlap or None,
+                      "--tp-overlap-fraction": tp_overlap_fraction})
     choice = parse_cost_choice(cost_model, modules, fp8, st.hardware.attention_kernel(st.parallel.attention),
                                st.hardware)
     check_kernels(choice, st.parallel)
@@ -233,7 +239,7 @@ def _check_plan(st: Settings, plan: _ComparePlan, given: set[str], max_tasks: in
         SimtrainError: see :func:`~simtrain.checks.check_applicable`,
             :func:`~simtrain.checks.check_structure`, :func:`~simtrain.checks.check_imported`.
     """
-    check_applicable(plan.names, st.model, st.hardware, plan.parallel, given)
+    check_applicable(plan.names, st.model, st.hardware, plan.parallel, given, plan.imported is not None)
     sweep = (plan.sweep.field, list(plan.sweep.values)) if plan.sweep is not None else None
     check_structure(plan.names, st.model, plan.parallel, max_tasks, sweep)
     if plan.imported is not None:

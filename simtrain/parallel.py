@@ -26,6 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from .errors import NumbersNotBooleans
 from .hardware import Dtype
+from .models import MAX_DIM
+
+MAX_COUNT = MAX_DIM
+"""Largest degree, microbatch count or size and sequence length (2**31 - 1, the bound of a model's
+dimensions and of its ``seq_len``): larger values can only be a mistake."""
 
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 """Bytes per stored activation / parameter element in each compute dtype (FP8 training keeps
@@ -260,16 +265,16 @@ class ParallelConfig(NumbersNotBooleans):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tp: int = Field(default=1, ge=1)
-    pp: int = Field(default=1, ge=1)
-    dp: int = Field(default=1, ge=1)
-    ep: int = Field(default=1, ge=1)
-    cp: int = Field(default=1, ge=1)
+    tp: int = Field(default=1, ge=1, le=MAX_COUNT)
+    pp: int = Field(default=1, ge=1, le=MAX_COUNT)
+    dp: int = Field(default=1, ge=1, le=MAX_COUNT)
+    ep: int = Field(default=1, ge=1, le=MAX_COUNT)
+    cp: int = Field(default=1, ge=1, le=MAX_COUNT)
     cp_kind: Literal["ring", "ulysses", "allgather"] = "ring"
-    vp: int = Field(default=1, ge=1)
-    microbatches: int = Field(default=1, ge=1)
-    microbatch_size: int = Field(default=1, ge=1)
-    seq_len: int | None = Field(default=None, ge=1)
+    vp: int = Field(default=1, ge=1, le=MAX_COUNT)
+    microbatches: int = Field(default=1, ge=1, le=MAX_COUNT)
+    microbatch_size: int = Field(default=1, ge=1, le=MAX_COUNT)
+    seq_len: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     dtype: Dtype = "bf16"
     zero_stage: Literal[0, 1, 2, 3] = 0
     recompute: Literal["none", "selective", "full"] = "selective"

@@ -164,3 +164,28 @@ EP = ["--hardware", "h800", "--ep", "64", "--tokens", "4096", "--hidden", "7168"
 ])
 def test_collective_flags_that_change_nothing_are_refused(args, needles):
     one_error(invoke("collective", *args), *needles)
+
+
+# ----------------------------------------------------------------------------- D: ranges
+@pytest.mark.parametrize("args, needles", [
+    (["compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--seq-len", "10000000000"],
+     ["--seq-len = 10000000000", "2147483647"]),
+    (["compare", "--max-tasks", "0"], ["--max-tasks", "greater than or equal to 1", "(given: 0)"]),
+    (["compare", "--max-tasks", "-1"], ["--max-tasks", "(given: -1)"]),
+    (["export-schedule", "1f1b", "--pp", "2", "--microbatches", "2", "--max-tasks=-1"], ["--max-tasks", "(given: -1)"]),
+    (["plan", "--model", "llama3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--global-batch", "16", "--workers", "0"],
+     ["--workers", "(given: 0)"]),
+    (["calibrate", "--out", "c.yaml", "--timeout-s", "nan"], ["--timeout-s = nan", "finite"]),
+    (["validate", "--profile", "h100-sxm", "--timeout-s", "nan"], ["--timeout-s = nan", "finite"]),
+    (["calibrate", "--out", "c.txt"], ["--out c.txt", ".yaml"]),
+    (["export-schedule", "1f1b", "--pp", "2", "--microbatches", "2", "--out", "x.txt"], ["--out = 'x.txt'", ".csv"]),
+])
+def test_out_of_range_values_are_refused(args, needles):
+    one_error(invoke(*args), *needles)
+    assert not Path("x.txt").exists() and not Path("c.txt").exists()
+
+
+def test_scenario_seq_len_has_the_same_bound(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("model: llama3-8b\nhardware: h100-sxm\nparallel:\n  seq_len: 10000000000\n")
+    one_error(invoke("compare", path), "field 'parallel.seq_len' = 10000000000", "2147483647")

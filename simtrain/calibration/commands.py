@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import sys
@@ -91,6 +92,13 @@ def _run(job: str, spec: dict, world: int, timeout_s: float, title: str) -> dict
         return launch.spawn(job, spec, world, timeout_s, progress)
 
 
+def _check_timeout(timeout_s: float) -> None:
+    """Raises SimtrainError unless ``timeout_s`` is a finite number of seconds > 0 (NaN passes a
+    plain ``<= 0`` test)."""
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise SimtrainError(f"--timeout-s = {timeout_s}: must be a finite number of seconds > 0")
+
+
 def calibrate(
     out_path: Annotated[Path, typer.Option("--out", help="calibrated profile YAML to write (a new file)")],
     base: Annotated[Optional[str], typer.Option(help="profile to take capacity and unmeasured links from")] = None,
@@ -115,6 +123,8 @@ def calibrate(
             raise SimtrainError(f"unexpected argument {str(more_logs[0])!r}: files are read only after --nccl-tests")
         return calibrate_nccl_tests([nccl_tests, *(more_logs or [])], base, out_path, force)
 
+    if out_path.suffix not in (".yaml", ".yml"):
+        raise SimtrainError(f"--out {out_path}: expected a .yaml (or .yml) file name: the calibrated profile is YAML")
     if out_path.exists() and not force:
         raise SimtrainError(f"--out {out_path}: the file exists; choose a new name or pass --force to overwrite it")
     check_writable(out_path, "--out")  # before minutes of measuring
@@ -123,8 +133,7 @@ def calibrate(
         raise SimtrainError(f"--dtype = {dtype!r}: choose fp32 or bf16")
     if threads < 1:
         raise SimtrainError(f"--threads = {threads}: must be >= 1")
-    if timeout_s <= 0:
-        raise SimtrainError(f"--timeout-s = {timeout_s}: must be > 0")
+    _check_timeout(timeout_s)
     grid = dict(hidden=_ints("--hidden", hidden), tokens=_ints("--tokens", tokens))
     if base is not None:
         base_profile_data(base, device, "")  # a bad --base fails before measuring
@@ -238,6 +247,7 @@ def validate(
         raise SimtrainError("--profile is required (a calibrated profile), unless --published is given")
     hw = load_profile(profile)
     names = parse_schedules(schedules)
+    _check_timeout(timeout_s)
     if steps < 1 or warmup < 0:
         raise SimtrainError(f"--steps = {steps}, --warmup = {warmup}: need steps >= 1 and warmup >= 0")
     if threads < 1:

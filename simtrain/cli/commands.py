@@ -36,7 +36,8 @@ def export_schedule(
     fmt: Annotated[str, typer.Option("--format", help="output format: torch-csv")] = "torch-csv",
     out_path: Annotated[Optional[Path], typer.Option("--out", help="file to write (default: standard output)")] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite --out if it exists")] = False,
-    max_tasks: Annotated[int, typer.Option(help="refuse schedules of more than this many actions")] = MAX_TASKS,
+    max_tasks: Annotated[int, typer.Option(
+        min=1, help="refuse schedules of more than this many actions")] = MAX_TASKS,
 ) -> None:
     """Write a schedule's per-rank actions in torch.distributed.pipelining's CSV layout."""
     if fmt != "torch-csv":
@@ -45,6 +46,8 @@ def export_schedule(
         raise SimtrainError(f"--pp {pp}, --microbatches {microbatches}, --vp {vp}: each must be >= 1")
     check_export(name, pp, microbatches, vp, max_tasks)
     if out_path is not None:
+        if out_path.suffix.lower() != ".csv":  # torch's schedule CSV layout
+            raise SimtrainError(f"--out = {str(out_path)!r}: expected a .csv file name (torch's schedule CSV layout)")
         check_writable(out_path, "--out")
     schedule = generate(name, pp, microbatches, vp)
     if out_path is None:

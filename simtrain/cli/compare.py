@@ -116,7 +116,8 @@ def compare(
         help="take model and parallel settings from a Megatron-LM argument list (ARGS.txt or launch script)")] = None,
     from_torchtitan: Annotated[Optional[Path], typer.Option(
         help="take model and parallel settings from a torchtitan job file (JOB.toml)")] = None,
-    max_tasks: Annotated[int, typer.Option(help="refuse runs estimated above this many simulated tasks")] = MAX_TASKS,
+    max_tasks: Annotated[int, typer.Option(
+        min=1, help="refuse runs estimated above this many simulated tasks")] = MAX_TASKS,
 ) -> None:
     """Simulate one training step for each schedule and compare them (table + HTML dashboard)."""
     modules = recompute_modules(recompute)

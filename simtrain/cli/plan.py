@@ -113,7 +113,7 @@ def plan(
         help="gemms: FP8 linear-layer GEMMs, attention and memory-bound kernels in the compute dtype "
              "(--cost-model ops)")] = None,
     backend: Annotated[str, typer.Option(help="where simulations run: local (process pool) or ray")] = "local",
-    workers: Annotated[int, typer.Option(help="simulations at once")] = 2,
+    workers: Annotated[int, typer.Option(min=1, help="simulations at once")] = 2,
     ray_address: Annotated[Optional[str], typer.Option(
         help="join this Ray cluster (HOST:PORT, ray://HOST:PORT or auto); default: start a local one")] = None,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="HTML page to write")] = None,

@@ -17,6 +17,19 @@ from typer import exceptions as typer_errors
 from typer._click import exceptions as click_errors
 
 
+def _typed_value(exc: Exception, args: list[str]) -> str | None:
+    """The value typed for the option a bad-parameter error is about (``--workers 0`` -> ``0``),
+    which typer's range message (``Input should be greater than or equal to 1``) leaves out;
+    None when it cannot be found."""
+    param = getattr(exc, "param", None)
+    names = getattr(param, "opts", None) or []
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in names:
+            return value if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return None
+
+
 class OneLineErrors(TyperGroup):
     """typer's command group, with click errors printed as one ``error:`` line."""
 
@@ -39,6 +52,9 @@ class OneLineErrors(TyperGroup):
         except click_errors.ClickException as exc:
             command = f"{exc.ctx.command_path}: " if getattr(exc, "ctx", None) is not None else ""
             message = " ".join(exc.format_message().split())
+            given = _typed_value(exc, sys.argv[1:] if args is None else list(args))
+            if given is not None and f"'{given}'" not in message and f" {given} " not in f" {message} ":
+                message += f" (given: {given})"
             print(f"error: {command}{message}", file=sys.stderr)
             if not standalone_mode:
                 raise

@@ -268,6 +268,34 @@ def check_simplified(fixed_times: str | None, free_comm: str | None, typed: dict
                                     "collective free; drop one of them")
 
 
+def check_dtype(hardware: HardwareProfile, parallel: ParallelConfig, ops: bool, where: str | None) -> None:
+    """Refuse a compute dtype the hardware cannot price, before anything runs: one the profile
+    lists no peak rate for, or (where the per-operator model's kernel tables are read: ``ops``,
+    or a profile with tables) one without a GEMM table.
+
+    Args:
+        hardware, parallel: where it runs, and how.
+        ops: the per-operator cost model runs.
+        where: the flag or the file's field that set the dtype; None: the default (``bf16``).
+
+    Raises:
+        SimtrainError: naming ``where`` (or the default and ``--dtype``), the value and the
+            dtypes allowed on ``hardware``.
+    """
+    from .costs.kernels import has_kernel_tables, rates_for
+
+    allowed = set(hardware.peak_flops)
+    if ops or has_kernel_tables(hardware):
+        allowed &= set(rates_for(hardware).gemm)
+    if parallel.dtype in allowed:
+        return
+    choices = ", ".join(sorted(allowed))
+    if where is None:
+        raise SimtrainError(f"{hardware.name} has no {parallel.dtype} rate, the default compute dtype; give --dtype "
+                            f"with one of {choices}" + (" (e.g. --dtype fp16)" if "fp16" in allowed else ""))
+    raise SimtrainError(f"{where} = {parallel.dtype!r}: {hardware.name} can be priced in {choices}")
+
+
 def _warn(message: str) -> None:
     warnings.warn(message, ScheduleWarning, stacklevel=3)
 

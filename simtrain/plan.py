@@ -96,14 +96,15 @@ class PlanRequest:
         cost.runtime(self.model, ParallelConfig(), self.hardware)  # raises what the workers would
         object.__setattr__(self, "cost", cost)
 
+    @property
+    def fit_advice(self) -> str:
+        """When nothing fits: allow the memory-saving settings not tried yet (not the defaults), or more GPUs."""
+        untried = ["--recompute full"] * ("full" not in self.recompute) + ["--zero-stages 1"] * (1 not in self.zero_stages)
+        return (f"allow {', '.join(untried)} or " if untried else "") + "use more GPUs"
+
     def parallel(self, cfg: Config) -> ParallelConfig:
         """``cfg``'s :class:`ParallelConfig` with this request's sequence length and attention kernel."""
         return cfg.parallel(self.seq_len, self.cost.attention)
-
-    @property
-    def tokens_per_step(self) -> int:
-        """B x s."""
-        return self.global_batch * (self.seq_len or self.model.seq_len)
 
 
 @dataclass(frozen=True, order=True)
@@ -133,10 +134,9 @@ class Config:
 
     def parallel(self, seq_len: int | None, attention: str = "flash") -> ParallelConfig:
         """The :class:`ParallelConfig` that runs this point (``attention``: the kernel, flash or unfused)."""
-        return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, vp=self.vp,
-                              microbatches=self.microbatches, microbatch_size=self.microbatch_size,
-                              seq_len=seq_len, recompute=self.recompute, zero_stage=self.zero_stage,
-                              attention=attention)
+        return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, vp=self.vp, microbatches=self.microbatches,
+                              microbatch_size=self.microbatch_size, seq_len=seq_len, recompute=self.recompute,
+                              zero_stage=self.zero_stage, attention=attention)
 
 
 def enumerate_space(req: PlanRequest) -> Iterator[tuple[Config, str | None]]:
@@ -178,8 +178,7 @@ class PlanResult:
     """What the search found.
 
     Attributes:
-        considered: points of the space.
-        evaluated: configurations simulated.
+        considered, evaluated: points of the space; configurations simulated.
         pruned: reason (:data:`REASONS`) -> configurations not simulated for it.
         rows: one result row per simulated configuration (see :func:`row_of`).
         errors: the first message per reason that came from an exception (for error lines).
@@ -327,7 +326,8 @@ class _Caches:
 
 def _score(req: PlanRequest, step_s: float, gpus: int) -> float:
     """What the search minimises: seconds per step, or minus tokens/s per GPU."""
-    return step_s if req.objective == "step-time" else -req.tokens_per_step / (max(step_s, 1e-30) * gpus)
+    tokens = req.global_batch * (req.seq_len or req.model.seq_len)  # B x s
+    return step_s if req.objective == "step-time" else -tokens / (max(step_s, 1e-30) * gpus)
 
 
 def _screen(req: PlanRequest, caches: _Caches, cfg: Config) -> tuple[str | None, float, str]:
@@ -458,7 +458,7 @@ def summarise(req: PlanRequest, res: PlanResult) -> dict:
     fitting = [r for r in res.rows if r["fits_in_hbm"]]
     if not fitting:
         raise SimtrainError(f"--gpus {req.gpus}: no simulated configuration fits in {req.hardware.name}'s HBM "
-                            f"({res.evaluated} simulated); allow --recompute full or --zero-stages 1")
+                            f"({res.evaluated} simulated); {req.fit_advice}")
     key = (lambda r: (_score(req, r["step_time_s"], r["gpus"]), config_of_row(r)))
     fitting.sort(key=key)
     pareto, best_mem = [], float("inf")
@@ -486,7 +486,7 @@ def _raise_nothing(req: PlanRequest, res: PlanResult) -> None:
     first = res.errors.get("model_rules") or res.errors.get("schedule_rules") or res.errors.get("simulation_error", "")
     if p["static_memory"] + p["activation_memory"]:
         raise SimtrainError(f"--gpus {req.gpus}: no configuration fits in {req.hardware.name}'s HBM "
-                            "(analytic memory bound); allow --recompute full, --zero-stages 1 or more GPUs")
+                            f"(analytic memory bound); {req.fit_advice}")
     if p["batch_divisibility"] > rules:
         raise SimtrainError(
             f"--global-batch {req.global_batch}: not a multiple of dp x microbatch size for any split of --gpus "

@@ -189,3 +189,32 @@ def test_scenario_seq_len_has_the_same_bound(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text("model: llama3-8b\nhardware: h100-sxm\nparallel:\n  seq_len: 10000000000\n")
     one_error(invoke("compare", path), "field 'parallel.seq_len' = 10000000000", "2147483647")
+
+
+# ----------------------------------------------------------------------------- E: messages
+def test_dtype_errors_name_the_flag_and_the_allowed_dtypes():
+    one_error(invoke("compare", *SMALL, "--dtype", "fp64"), "--dtype = 'fp64'", "bf16, fp16, fp32, fp8")
+    line = one_error(invoke("compare", *SMALL[:2], "--hardware", "v100-sxm2", *SMALL[4:]))
+    assert "no bf16 rate, the default compute dtype" in line and "--dtype fp16" in line
+    one_error(invoke("compare", *SMALL[:2], "--hardware", "v100-sxm2", *SMALL[4:], "--dtype", "fp8"),
+              "--dtype = 'fp8'", "fp16, fp32")
+
+
+def test_unknown_schedule_of_a_scenario_names_the_file(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("model: llama3-8b\nhardware: h100-sxm\nschedules: [1f1b, bogus]\n")
+    line = one_error(invoke("compare", path), f"{path}: field 'schedules': unknown schedule 'bogus'")
+    assert "--schedules" not in line
+
+
+def test_rule_across_fields_names_the_flag():
+    line = one_error(invoke("compare", *SMALL, "--tp-overlap-fraction", "0.5"),
+                     "error: --tp-overlap-fraction = 0.5: tp_overlap_fraction applies only with tp_overlap")
+    assert "command line and the flags" not in line
+
+
+def test_plan_advice_names_only_settings_not_tried():
+    base = ["plan", "--model", "llama3-405b", "--hardware", "h100-sxm", "--gpus", "8", "--global-batch", "16"]
+    line = one_error(invoke(*base), "no configuration fits")
+    assert "--recompute full" not in line and "--zero-stages 1" not in line and "use more GPUs" in line
+    one_error(invoke(*base, "--recompute", "none", "--zero-stages", "0"), "allow --recompute full, --zero-stages 1 or")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from ..checks import (MAX_TASKS, check_applicable, check_finite, check_imported, check_simplified,
+from ..checks import (MAX_TASKS, check_applicable, check_dtype, check_finite, check_imported, check_simplified,
                       check_structure)
 from ..engine import DeadlockError
 from ..errors import SimtrainError
@@ -142,6 +142,8 @@ def compare(
     choice = parse_cost_choice(cost_model, modules, fp8, st.hardware.attention_kernel(st.parallel.attention),
                                st.hardware)
     check_kernels(choice, st.parallel)
+    check_dtype(st.hardware, st.parallel, choice.model == "ops", "--dtype" if dtype else
+                f"{st.source}: field 'parallel.dtype'" if "dtype" in st.parallel.model_fields_set else None)
     if breakdown is not None and choice.model != "ops":
         raise SimtrainError(f"--breakdown = {breakdown}: needs the per-operator cost model (--cost-model ops)")
     plan = _plan_compare(st, schedules, schedule_file, sweep, pp, microbatches)
@@ -191,24 +193,28 @@ class _ComparePlan:
     sweep: SweepSpec | None
 
 
-def _schedule_names(schedules: str | None, default: list[str], imported: Schedule | None) -> list[str]:
-    """The ``--schedules`` names (default: the scenario's unless a file is imported), validated.
+def _schedule_names(schedules: str | None, default: list[str], imported: Schedule | None,
+                    source: str = "") -> list[str]:
+    """The ``--schedules`` names (default: the scenario's, from ``source``, unless a file is
+    imported), validated.
 
     Raises:
-        SimtrainError: no schedule at all, an unknown name, or a name given twice.
+        SimtrainError: no schedule at all, an unknown name, or a name given twice (naming
+            ``--schedules`` or the scenario's field).
     """
     names = [s.strip() for s in schedules.split(",")] if schedules is not None else ([] if imported else default)
     names = [n for n in names if n]
     if not names and imported is None:
         raise SimtrainError("--schedules: give at least one schedule name")
+    where = "--schedules" if schedules is not None else f"{source}: field 'schedules'"
     for n in names:
         try:
             split_name(n)
         except SimtrainError as exc:
-            raise SimtrainError(f"--schedules: {exc}") from None
+            raise SimtrainError(f"{where}: {exc}") from None
     twice = [n for n in names if names.count(n) > 1]
     if twice:
-        raise SimtrainError(f"--schedules: '{twice[0]}' is given twice")
+        raise SimtrainError(f"{where}: '{twice[0]}' is given twice")
     return names
 
 
@@ -223,7 +229,7 @@ def _plan_compare(st: Settings, schedules: str | None, schedule_file: Path | Non
     if schedule_file is not None:
         imported = read_torch_csv(schedule_file)
         parallel = fit_to_file(parallel, imported, schedule_file, pp=pp, microbatches=microbatches)
-    names = _schedule_names(schedules, st.scenario.schedules, imported)
+    names = _schedule_names(schedules, st.scenario.schedules, imported, st.source)
     base = st.scenario
     spec = parse_sweep(sweep) if sweep else (sweep_from_mapping(base.sweep, st.source) if base.sweep else None)
     if spec is not None and imported is not None:

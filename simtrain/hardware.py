@@ -316,10 +316,20 @@ def profile_files(extra: list[Path] | tuple[Path, ...] = ()) -> list[tuple[str, 
     return found
 
 
+def _name_field(path: Path) -> str | None:
+    """The ``name:`` field of a profile file, or None when it cannot be read."""
+    try:
+        data = load_yaml_file(path)
+    except SimtrainError:
+        return None
+    return data.get("name") if isinstance(data, dict) and isinstance(data.get("name"), str) else None
+
+
 def resolve_profile_path(name_or_path: str) -> Path:
     """Map a profile name (``h100-sxm``) or a path to a YAML file path.
 
-    A name is looked up among the built-ins, then in ``./hardware_profiles/``.
+    A name is looked up among the built-ins, then in ``./hardware_profiles/`` by file name, then by
+    the files' ``name:`` field (the name results, errors and the cost model use).
 
     Raises:
         SimtrainError: neither a profile name nor an existing file.
@@ -333,7 +343,11 @@ def resolve_profile_path(name_or_path: str) -> Path:
         for suffix in (".yaml", ".yml"):
             if (folder / f"{name_or_path}{suffix}").is_file():
                 return folder / f"{name_or_path}{suffix}"
-    names = sorted({name for name, _, _ in profile_files()})
+    user = [path for _, path, built_in in profile_files() if not built_in]
+    for path in user:  # a user profile by its `name:` field, the name results and errors use
+        if _name_field(path) == name_or_path:
+            return path
+    names = sorted({name for name, _, _ in profile_files()} | {n for n in map(_name_field, user) if n})
     raise SimtrainError(f"unknown hardware '{name_or_path}': not a file, and not one of {names}")
 
 

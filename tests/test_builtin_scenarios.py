@@ -38,8 +38,9 @@ def test_user_profiles_are_listed_beside_the_builtins_and_found_by_name(tmp_path
     shutil.copy(PROFILE_DIR / "mi300x.yaml", extra / "lab-mi300x.yaml")
     res = runner.invoke(app, ["profiles", str(extra)])
     assert res.exit_code == 0, res.output
-    for name in ("h100-sxm", "my-h100", "lab-mi300x"):
-        assert name in res.stdout
+    for name in ("h100-sxm", "my-h100", "lab-mi300x"):  # the copies keep their name: field, and are warned about
+        assert name in res.stdout + res.stderr
+    assert "lab-mi300x.yaml: listed as 'mi300x' (its name: field)" in res.stderr
     assert resolve_profile_path("my-h100").resolve() == (tmp_path / "hardware_profiles" / "my-h100.yaml").resolve()
     assert resolve_profile_path("h100-sxm").parent == PROFILE_DIR  # a built-in name stays the built-in
     res = runner.invoke(app, ["profiles", str(tmp_path / "missing")])

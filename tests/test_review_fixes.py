@@ -218,3 +218,21 @@ def test_plan_advice_names_only_settings_not_tried():
     line = one_error(invoke(*base), "no configuration fits")
     assert "--recompute full" not in line and "--zero-stages 1" not in line and "use more GPUs" in line
     one_error(invoke(*base, "--recompute", "none", "--zero-stages", "0"), "allow --recompute full, --zero-stages 1 or")
+
+
+# ----------------------------------------------------------------------------- F: profile names
+def test_profiles_list_a_profile_by_the_name_results_use(tmp_path):
+    from simtrain.hardware import PROFILE_DIR, load_profile, resolve_profile_path
+
+    (tmp_path / "hardware_profiles").mkdir()
+    text = (PROFILE_DIR / "h100-sxm.yaml").read_text()
+    assert "name: h100-sxm" in text
+    mine = tmp_path / "hardware_profiles" / "h_mine.yaml"
+    mine.write_text(text.replace("name: h100-sxm", "name: mine", 1))
+    res = invoke("profiles")
+    assert res.exit_code == 0, res.output
+    names = [line.split("│")[1].strip() for line in res.stdout.splitlines() if line.count("│") > 2]
+    assert "mine" in names and "h_mine" not in names  # the name column: the name: field
+    assert "listed as 'mine' (its name: field)" in res.stderr
+    assert resolve_profile_path("mine").resolve() == mine.resolve() == resolve_profile_path("h_mine").resolve()
+    assert load_profile("mine").name == "mine"

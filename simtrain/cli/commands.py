@@ -138,10 +138,14 @@ def profiles(
     table = Table(title="hardware profiles")
     for col in ("name", "where", "GPU", "bf16 TFLOP/s", "HBM GiB", "HBM TB/s", "GPUs/node", "intra GB/s/dir", "inter GB/s/dir/NIC"):
         table.add_column(col)
-    for name, path, built_in in profile_files(paths or []):
+    for _, path, built_in in profile_files(paths or []):
         p = load_profile(path)
+        if p.name != path.stem:  # results, errors and the cost model call it by its name: field
+            err.print(f"warning: {path}: listed as '{p.name}' (its name: field), the name its results and errors "
+                      f"use; rename the file {p.name}{path.suffix} or change name: to '{path.stem}' to make them "
+                      "agree", markup=False, highlight=False, soft_wrap=True)
         table.add_row(
-            name, "built-in" if built_in else str(path), p.description.split(",")[0], f"{p.peak_flops.get('bf16', 0) / TFLOPS:.0f}",
+            p.name, "built-in" if built_in else str(path), p.description.split(",")[0], f"{p.peak_flops.get('bf16', 0) / TFLOPS:.0f}",
             f"{p.hbm_bytes / GiB:.0f}", f"{p.hbm_bandwidth_bytes_per_s / 1e12:.2f}", str(p.gpus_per_node),
             f"{p.intra_node.bandwidth_bytes_per_s / GB:.0f}", f"{p.inter_node.bandwidth_bytes_per_s / GB:.0f}",
         )

@@ -231,6 +231,16 @@ def _per_rank(cols: dict[str, np.ndarray], ranks: np.ndarray) -> dict[str, list[
     return out
 
 
+RATIO_NOISE = 1e-12
+"""A ratio closer to 0 than this is 0: a difference of sums of float seconds leaves ~1e-16 where
+the exact value is 0 (e.g. a zero-bubble schedule's bubble ratio of 5.55e-17)."""
+
+
+def tidy_ratio(ratio: float) -> float:
+    """``ratio``, with float noise around 0 (``|ratio| < RATIO_NOISE``) made exactly 0.0."""
+    return 0.0 if abs(ratio) < RATIO_NOISE else float(ratio)
+
+
 def compute_report(
     name: str,
     result: Trace,
@@ -274,16 +284,16 @@ def compute_report(
     return Report(
         schedule=name,
         step_time_s=step,
-        bubble_ratio=max(0.0, idle - sum(exposed) / (n * step)) if step > 0 else 0.0,
-        bubble_ratio_per_rank=[max(0.0, i - e / step) if step > 0 else 0.0 for i, e in zip(idle_per_rank, exposed)],
+        bubble_ratio=tidy_ratio(max(0.0, idle - sum(exposed) / (n * step))) if step > 0 else 0.0,
+        bubble_ratio_per_rank=[tidy_ratio(max(0.0, i - e / step)) if step > 0 else 0.0 for i, e in zip(idle_per_rank, exposed)],
         bubble_time_s_per_rank=[max(0.0, float((step - b) - e)) for b, e in zip(busy, exposed)],
-        idle_ratio=idle,
-        idle_ratio_per_rank=idle_per_rank,
-        span_bubble_ratio=1 - float(np.mean(pipe_busy)) / max_span if max_span > 0 else 0.0,
+        idle_ratio=tidy_ratio(idle),
+        idle_ratio_per_rank=[tidy_ratio(i) for i in idle_per_rank],
+        span_bubble_ratio=tidy_ratio(1 - float(np.mean(pipe_busy)) / max_span) if max_span > 0 else 0.0,
         exposed_comm_s=float(np.mean(exposed)) if exposed else 0.0,
         exposed_comm_s_per_rank=exposed,
         comm_s=total_comm,
-        overlap_ratio=(1 - sum(exposed) / total_comm) if total_comm > 0 else None,
+        overlap_ratio=tidy_ratio(1 - sum(exposed) / total_comm) if total_comm > 0 else None,
         peak_memory_bytes=[float(p) for p in peaks],
         hbm_bytes=hbm_bytes,
         fits_in_hbm=bool(peaks.max() <= hbm_bytes),

@@ -156,3 +156,21 @@ def run_sweep(
     import pandas as pd
 
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
+
+
+INT_COLUMNS = ("value", "gpus")
+"""Sweep columns that hold whole numbers (pandas turns them to floats when a row failed)."""
+
+
+def sweep_records(rows) -> list[dict]:
+    """The rows of :func:`run_sweep` as JSON-ready dicts, typed as the ``runs`` rows are: full
+    float precision (pandas' ``to_json`` rounds to 10 digits), whole numbers as ints, and None
+    for what a failed point lacks (NaN)."""
+    import math
+
+    records = []
+    for r in rows.to_dict("records"):
+        rec = {k: None if isinstance(v, float) and math.isnan(v) else v.item() if hasattr(v, "item") else v
+               for k, v in r.items()}
+        records.append({k: int(v) if k in INT_COLUMNS and isinstance(v, float) else v for k, v in rec.items()})
+    return records

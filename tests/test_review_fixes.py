@@ -236,3 +236,52 @@ def test_profiles_list_a_profile_by_the_name_results_use(tmp_path):
     assert "listed as 'mine' (its name: field)" in res.stderr
     assert resolve_profile_path("mine").resolve() == mine.resolve() == resolve_profile_path("h_mine").resolve()
     assert load_profile("mine").name == "mine"
+
+
+# ----------------------------------------------------------------------------- G: JSON
+def test_ratio_noise_around_zero_is_zero():
+    from simtrain.metrics import RATIO_NOISE, tidy_ratio
+
+    assert tidy_ratio(5.55e-17) == 0.0 and tidy_ratio(-3e-16) == 0.0
+    assert tidy_ratio(0.25) == 0.25 and tidy_ratio(10 * RATIO_NOISE) == 10 * RATIO_NOISE
+
+
+def test_sweep_rows_are_typed_as_the_runs_rows():
+    import json
+
+    res = invoke("compare", *SMALL[:4], "--pp", "2", "--seq-len", "2048", "--microbatches", "8",
+                 "--schedules", "1f1b,zb-h2", "--sweep", "microbatches=2,8", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    ok = [r for r in doc["sweep"] if r["error"] is None]
+    failed = [r for r in doc["sweep"] if r["error"] is not None]  # zb-h2 needs m >= 2p
+    assert failed and all(r["step_time_s"] is None for r in failed)
+    assert all(type(r["gpus"]) is int and type(r["value"]) is int for r in ok)
+    at_8 = {r["schedule"]: r for r in ok if r["value"] == 8}
+    for run in doc["runs"]:
+        assert at_8[run["schedule"]]["step_time_s"] == run["step_time_s"]  # not rounded to 10 digits
+
+
+# ----------------------------------------------------------------------------- H: README
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_quotes_the_default_scenarios_gpipe_figures():
+    import json
+    import re
+
+    text = " ".join(README.read_text().split())
+    quoted = re.search(r"default scenario's GPipe: idle ([\d.]+) %, bubble ([\d.]+) %, exposed communication "
+                       r"([\d.]+) % of the step", text)
+    assert quoted, "README no longer quotes the default scenario's GPipe figures"
+    res = invoke("compare", "--schedules", "gpipe", "--json")
+    assert res.exit_code == 0, res.output
+    [row] = json.loads(res.stdout)
+    ran = (row["idle_ratio"], row["bubble_ratio"], row["exposed_comm_s"] / row["step_time_s"])
+    assert [float(q) for q in quoted.groups()] == [round(100 * x, 1) for x in ran]
+
+
+def test_readme_install_line_works_from_the_checkout():
+    text = README.read_text()
+    assert "pip install ./simtrain" not in text  # from a checkout ./simtrain is the package, not the project
+    assert (README.parent / "pyproject.toml").is_file() and "from inside it: pip install ." in text

@@ -25,7 +25,7 @@ from ..scenario import ScheduleRun, run_schedule
 from ..schedules import Schedule, split_name
 from ..schedules.io import read_torch_csv
 from ..cost_models import CostChoice, check_kernels, hfu, parse_cost_choice, recompute_modules, stage_breakdown
-from ..sweep import SweepSpec, parse_sweep, run_sweep, sweep_from_mapping
+from ..sweep import SweepSpec, parse_sweep, run_sweep, sweep_from_mapping, sweep_records
 from .app import app, err, out, user_errors
 from .settings import Settings, fit_to_file, load_settings, parallel_from
 
@@ -164,7 +164,7 @@ def compare(
         if sweep_rows is not None or table is not None:
             rows = {"runs": rows}
             if sweep_rows is not None:
-                rows["sweep"] = json.loads(sweep_rows.to_json(orient="records"))
+                rows["sweep"] = sweep_records(sweep_rows)
             if table is not None:
                 rows["breakdown"] = table
         print(json.dumps(rows, indent=2))

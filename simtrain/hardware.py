@@ -113,6 +113,8 @@ class HardwareProfile:
             without a calibrated rate.
         overlap_compute_factor: compute time of an overlapped F&B pair / (F + B) (units-free).
         overlap_sends: ``"per_half"`` or ``"after_pair"``: when a pair's p2p sends leave.
+        sms: streaming multiprocessors per GPU (datasheet), or None where the profile does not
+            say (then EP communication kernels take no SMs from compute: :mod:`simtrain.costs.ep_sms`).
         path: the file it was loaded from, if any.
         calibration: the raw ``calibration:`` section of a calibrated profile, if any.
         linear_rates: per dtype and pass (F, I, W), measured ``(tokens, fan_in, fan_out,
@@ -148,6 +150,7 @@ class HardwareProfile:
     matmul_efficiency: float
     overlap_compute_factor: float = 1.0
     overlap_sends: Literal["per_half", "after_pair"] = "after_pair"
+    sms: int | None = None
     path: Path | None = None
     calibration: dict | None = field(default=None, compare=False)
     linear_rates: dict[tuple[str, str], tuple[tuple[int, int, int, float], ...]] = field(default_factory=dict)
@@ -266,6 +269,7 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
         matmul_efficiency=eff.matmul,
         overlap_compute_factor=pf.overlap.compute_factor,
         overlap_sends=pf.overlap.sends,
+        sms=pf.sms,
         path=path,
         calibration=pf.calibration,
         linear_rates={

@@ -190,6 +190,7 @@ class ProfileFile(_Strict):
         hbm_gib: HBM capacity per GPU.
         hbm_tb_per_s: HBM bandwidth per GPU.
         gpus_per_node: GPUs of one node (one scale-up domain).
+        sms: streaming multiprocessors per GPU (datasheet), or None.
         intra_node: the scale-up link.
         inter_node: the scale-out network.
         efficiency: achieved fractions of peak (replaced by calibration).
@@ -208,6 +209,8 @@ class ProfileFile(_Strict):
     hbm_gib: bounded(gt=0, le=1e6)
     hbm_tb_per_s: bounded(ge=1e-9, le=1e3)
     gpus_per_node: int = Field(ge=1, le=2**20)
+    sms: int | None = Field(default=None, ge=1, le=4096, description="streaming multiprocessors per GPU, from the "
+                            "datasheet; the share EP communication kernels take (simtrain.costs.ep_sms) needs it")
     intra_node: IntraNodeLinkFile
     inter_node: InterNodeLinkFile
     efficiency: EfficiencyFile

@@ -133,11 +133,15 @@ class MoEChunkCost:
         segments: the segments; their seconds add up to the chunk's F, I and W.
         local_experts: routed experts per GPU (E / ep); waves partition them.
         full_recompute: whether backward replays each block's forward (dispatch, experts, combine).
+        bound_fraction: per action kind F, I, B, the compute-bound share of the segments' and of
+            the experts' seconds (:func:`simtrain.costs.ep_sms.bound_fractions`; 1: the flat model,
+            every second GEMM-rated), which the SMs of overlapped EP kernels slow down.
     """
 
     segments: tuple[Segment, ...]
     local_experts: int
     full_recompute: bool
+    bound_fraction: tuple[tuple[float, float], ...] = ((1.0, 1.0),) * 3
 
     @property
     def blocks(self) -> list[MoEBlock]:
@@ -152,8 +156,11 @@ def check_expert_parallel(model: ModelSpec, parallel: ParallelConfig, hardware: 
     Raises:
         SimtrainError: ep > 1 on a dense model; ep not dividing dp x tp or the number of experts;
             an imbalance above ep; EP groups that sit differently on the nodes of different
-            pipeline stages.
+            pipeline stages; ``ep_comm_sms`` not below the GPU's SMs
+            (:func:`simtrain.costs.ep_sms.check_ep_sms`).
     """
+    from .costs.ep_sms import check_ep_sms
+
     ep = parallel.ep
     if ep == 1:
         return
@@ -175,6 +182,7 @@ def check_expert_parallel(model: ModelSpec, parallel: ParallelConfig, hardware: 
             f"--expert-imbalance {parallel.expert_imbalance}: at most ep = {ep} (one rank receiving "
             "every token)"
         )
+    check_ep_sms(hardware, parallel)
     topo = Topology(hardware, parallel)
     places = {topo.ep_placement(p) for p in range(parallel.pp)}
     if len(places) > 1:

@@ -219,6 +219,10 @@ class ParallelConfig(NumbersNotBooleans):
         expert_imbalance: load of the most loaded EP rank / the mean (>= 1; 1 = uniform routing).
         node_limit: node-limited routing, the most nodes a token is sent to (DeepSeek-V3 §2.1.2
             uses 4); None sends every token-expert pair directly.
+        ep_comm_sms: SMs the EP dispatch / combine kernels occupy while they run (default 20:
+            DeepEP's ``Buffer.num_sms``, deepseek-ai/DeepEP ``deep_ep/buffer.py``; DeepSeek-V3
+            §3.2.2); compute overlapped with them runs on the rest (:mod:`simtrain.costs.ep_sms`).
+            0: communication takes no SMs.
         a2a_links: ``shared``: dispatch and combine use the same link ports (a symmetric
             all-to-all loads both directions of every port); ``separate``: the combine gets its
             own lanes (the idealised full-duplex model of Waved-EP's flow shop).
@@ -294,6 +298,7 @@ class ParallelConfig(NumbersNotBooleans):
     dispatch_dtype: Literal["bf16", "fp8"] = "bf16"
     expert_imbalance: float = Field(default=1.0, ge=1.0)
     node_limit: int | None = Field(default=None, ge=1)
+    ep_comm_sms: int = Field(default=20, ge=0, le=4096)
     a2a_links: Literal["shared", "separate"] = "shared"
     waves: int | None = Field(default=None, ge=1)
     moe_coarsen: int = Field(default=1, ge=1)

@@ -44,6 +44,7 @@ import dataclasses
 
 from ..errors import SimtrainError
 from ..moe import MoEChunkCost, Segment
+from .ep_sms import bound_fractions
 from .recompute import FULL
 
 ATTENTION_FFN = ("router", "ffn_up", "ffn_down", "activation")
@@ -196,7 +197,10 @@ def moe_chunk(ctx, chunk, cache: dict, breakdown: list) -> MoEChunkCost:
         acc, start = list(parts.post), (0.0,) * 5
     f, i, w, named, replay = (a + b + c for a, b, c in zip(_sums(acc, ctx), start, tail))
     segments.append(Segment(f, i + named, w, replay, None))
-    return MoEChunkCost(tuple(segments), chunk.moe.local_experts, full)
+    moe_ops = cache[("moe", True)]  # the chunk has MoE layers (chunk.moe is set)
+    dense = cache[False] if not all(ctx.model.is_moe_layer(x) for x in chunk.layers) else []
+    fractions = bound_fractions([*dense, *moe_ops.pre, *moe_ops.post], moe_ops.experts)
+    return MoEChunkCost(tuple(segments), chunk.moe.local_experts, full, fractions)
 
 
 def moe_totals(moe: MoEChunkCost) -> tuple[float, float, float]:

@@ -18,7 +18,9 @@ collectives the chunk declares). Three builders differ only in how they cut an a
   dispatch / experts / combine (:mod:`simtrain.lowering.moe`); a pair's items alternate backward
   first, and each half's TP collectives follow all its items.
 
-A pair's compute is scaled by the profile's ``overlap_compute_factor``; its p2p sends leave when the
+A pair's compute is scaled by the profile's ``overlap_compute_factor``, and compute that runs beside
+EP all-to-alls (an MoE pair's, Waved-EP's experts) by the SMs their kernels take
+(:mod:`simtrain.costs.ep_sms`); its p2p sends leave when the
 whole pair is done (``overlap_sends = "after_pair"``, what deepseek-ai/DualPipe's released
 ``step()`` and torch's runtime do) or each when its half is (``"per_half"``, DeepSeek-V3 Figure 4).
 """
@@ -26,6 +28,7 @@ whole pair is done (``overlap_sends = "after_pair"``, what deepseek-ai/DualPipe'
 from __future__ import annotations
 
 from ..costs import ChunkCost
+from ..costs.ep_sms import ep_slowdown
 from ..network import Topology
 from ..schedules.ir import Action, OverlapAction
 from .items import Block, Chain, Compute, Item, Lowering, TPComm
@@ -141,13 +144,16 @@ def pair_chains(low: Lowering, pair: OverlapAction, rank: int) -> list[Chain]:
 
 def moe_chains(low: Lowering, parts: list[Action], rank: int) -> list[Chain]:
     """A step with an MoE half: the MoE items of each part, its TP collectives in the tail."""
-    factor = low.topology.hardware.overlap_compute_factor if len(parts) == 2 else 1.0
+    pair, hw = len(parts) == 2, low.topology.hardware
+    factor = hw.overlap_compute_factor if pair else 1.0
     layers = low.topology.parallel.moe_coarsen
+    # compute beside EP kernels loses their SMs: a pair's every item, Waved-EP's experts (costs.ep_sms)
+    sm = ep_slowdown(hw, low.topology.parallel) if pair or low.waves > 1 else 1.0
     chains = []
     for a in parts:
-        key = (a.stage, a.kind, factor)  # the items of every microbatch's action are alike
+        key = (a.stage, a.kind, factor, pair)  # the items of every microbatch's action are alike
         if key not in low.item_cache:
-            low.item_cache[key] = item_template(a.kind, low.chunk[a.stage], factor, layers)
+            low.item_cache[key] = item_template(a.kind, low.chunk[a.stage], factor, layers, sm, not pair)
         chains.append(Chain(a, low.chunk[a.stage], [[item] for item in named(low.item_cache[key], a)],
                             tail=tp_item(low, a, rank), buckets="elapsed"))
     return chains

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from ..costs import ChunkCost
+from ..costs.ep_sms import PASSES, item_factor
 from ..engine import Task, TaskGraph
 from ..moe import A2ACost, MoEBlock, MoEChunkCost, Segment
 from ..network import A2APart, Topology
@@ -67,11 +68,21 @@ def moe_items(action: Action, chunk: ChunkCost, factor: float = 1.0, layers: int
     return named(item_template(action.kind, chunk, factor, layers), action)
 
 
-def item_template(kind: str, chunk: ChunkCost, factor: float = 1.0, layers: int = 1) -> list[Compute | Block]:
+def item_template(kind: str, chunk: ChunkCost, factor: float = 1.0, layers: int = 1,
+                  sm: float = 1.0, experts_only: bool = False) -> list[Compute | Block]:
     """:func:`moe_items` of any action of ``kind`` on ``chunk``, each compute item's label only
     the suffix after the action's name (``" part 2"``); the same for every microbatch, so the
-    lowering builds it once per stage and kind (:func:`named` completes it)."""
-    return [_scaled(item, factor) for item in _items(kind, chunk, layers)]
+    lowering builds it once per stage and kind (:func:`named` completes it).
+
+    ``sm`` (:func:`simtrain.costs.ep_sms.ep_slowdown`, 1: none) slows the compute-bound share of
+    the items that run beside EP communication: every item, or with ``experts_only`` the blocks'
+    experts (Waved-EP outside a pair), by :func:`simtrain.costs.ep_sms.item_factor` of the
+    chunk's ``bound_fraction`` for ``kind``."""
+    seg_f = exp_f = factor
+    if sm != 1.0 and chunk.moe is not None and kind in PASSES:
+        seg, exp = chunk.moe.bound_fraction[PASSES.index(kind)]
+        seg_f, exp_f = (factor if experts_only else factor * item_factor(sm, seg)), factor * item_factor(sm, exp)
+    return [_scaled(item, seg_f, exp_f) for item in _items(kind, chunk, layers)]
 
 
 def named(template: list[Compute | Block], action: Action) -> list[Compute | Block]:
@@ -81,10 +92,10 @@ def named(template: list[Compute | Block], action: Action) -> list[Compute | Blo
     return [Compute(it.seconds, name + it.label) if isinstance(it, Compute) else it for it in template]
 
 
-def _scaled(item: Compute | Block, factor: float) -> Compute | Block:
+def _scaled(item: Compute | Block, factor: float, expert_factor: float) -> Compute | Block:
     if isinstance(item, Compute):
-        return Compute(item.seconds * factor, item.label)
-    return Block(item.layer, item.expert_s * factor, item.to_experts, item.back, item.names, item.last_layer)
+        return Compute(item.seconds * factor, item.label) if factor != 1.0 else item
+    return Block(item.layer, item.expert_s * expert_factor, item.to_experts, item.back, item.names, item.last_layer)
 
 
 def coarsen(moe: MoEChunkCost, layers: int) -> tuple[tuple[Segment, int | None], ...]:

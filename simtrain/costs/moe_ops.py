@@ -14,6 +14,8 @@ tp`` with expert parallelism, the sequence-parallel shard of :mod:`simtrain.moe`
   I reads the k weight gradients, scatters them into E and runs the score backward: 12k + 16E);
 * **shared experts** (``ffn_up``, ``activation``, ``ffn_down``): one dense FFN of width
   ``num_shared x f`` (Megatron-Core ``SharedExpertMLP``), tensor-parallel as a dense FFN;
+* ``fp8_cast`` (``--fp8 gemms``): the quantization of the shared and routed experts' FP8 GEMM
+  inputs (:mod:`simtrain.costs.fp8`; the routed experts' in their block, at the mean rank's bytes);
 * ``permute`` / ``unpermute``: the token dispatcher's gathers (Megatron-Core
   ``moe_utils.permute``/``unpermute`` around ``MoEAlltoAllTokenDispatcher``'s all-to-alls):
   permute reads and writes ``T k`` rows of ``h`` (F ``2 T k h e``; its backward sums the ``k``
@@ -45,6 +47,7 @@ import dataclasses
 from ..errors import SimtrainError
 from ..moe import MoEChunkCost, Segment
 from .ep_sms import bound_fractions
+from .fp8 import fp8_cast
 from .recompute import FULL
 
 ATTENTION_FFN = ("router", "ffn_up", "ffn_down", "activation")
@@ -106,6 +109,9 @@ def moe_layer_ops(ctx, layer: int) -> MoELayerOps:
         pre.append(_gemm("ffn_up", ctx.tokens, h, (2 if swiglu else 1) * width / tp, ctx))
         pre.append(_memory("activation", f_b * e * ctx.tokens * width / tp, i_b * e * ctx.tokens * width / tp, ctx))
         pre.append(_gemm("ffn_down", ctx.tokens, width / tp, h, ctx))
+        if ctx.gemm_dtype == "fp8":  # the shared experts' FP8 GEMMs' inputs (simtrain.costs.fp8)
+            shapes = [(ctx.tokens, h, (2 if swiglu else 1) * width / tp, 1), (ctx.tokens, width / tp, h, 1)]
+            pre.append(fp8_cast(ctx, shapes))
     t = routed_tokens(ctx)
     pre.append(_memory("permute", 2 * e * t * k * h, (k + 1) * e * t * h, ctx))
     post = [_memory("unpermute", (k + 1) * e * t * h, (2 * k + 1) * e * t * h, ctx)]
@@ -133,7 +139,10 @@ def _experts(ctx, pairs: float) -> list:
     width = pairs * imb * f / split
     f_b, i_b = (3, 5) if m.activation == "swiglu" else (2, 3)
     act = _memory("expert_activation", f_b * e * width, i_b * e * width, ctx)
-    return [mean(up), mean(act), mean(down)]
+    ops = [mean(up), mean(act), mean(down)]
+    if ctx.gemm_dtype == "fp8":  # the grouped GEMMs' inputs and G weights each (simtrain.costs.fp8)
+        ops.append(mean(fp8_cast(ctx, [(pairs * imb, h, up_n, groups), (pairs * imb, f / split, h, groups)])))
+    return ops
 
 
 def check_moe(ctx) -> None:

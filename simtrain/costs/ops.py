@@ -45,11 +45,12 @@ from ..moe import check_expert_parallel
 from ..parallel import ParallelConfig
 from .context import cp_declaration
 from .eager import eager_factors  # noqa: F401 (re-exported)
+from .fp8 import FP8_CAST, fp8_cast
 from .kernels import KernelRates, rates_for
 from .layers import linear_layers
-from .moe_ops import check_moe, moe_chunk, moe_layer_ops
+from .moe_ops import ATTENTION_FFN, check_moe, moe_chunk, moe_layer_ops
 from .recompute import (ALIASES, ATTENTION_CORE, EVERY_SECOND_MM, FULL, LAYER_OPS, LINEAR_OPS,  # noqa: F401
-                        _EVERY_SECOND_MM_RERUNS, check_present, parse_recompute)
+                        _EVERY_SECOND_MM_RERUNS, _second_mms, check_present, parse_recompute)
 from .trainable import adapter_ops, is_frozen, without_weight_pass
 from .types import StageCosts, grad_accumulate_bytes_per_param
 
@@ -184,11 +185,13 @@ def _layer_ops(ctx: _Ctx, layer: int) -> list[OpCost]:
     gemms = linear_layers(m, layer)
     names = (["q_down", "q_up", "kv_down", "kv_up", "attn_out"] if m.mla is not None else ["qkv", "attn_out"])
     names += (["router"] if m.is_moe_layer(layer) else []) + ["ffn_up", "ffn_down"]
-    ops = []
+    ops, fp8 = [], []  # fp8: the FP8 GEMMs' shapes (an MoE layer's FFN: simtrain.costs.moe_ops)
     for name, (k, n, mult) in zip(names, gemms):
         k_, n_ = (k, n / tp) if k == h else (k / tp, n)
         ops.append(_gemm(name, ctx.tokens * mult, k_, n_, ctx))
-    ops += _attention(ctx)
+        if name not in (ATTENTION_FFN if m.is_moe_layer(layer) else ("router",)):
+            fp8.append((ctx.tokens * mult, k_, n_, 1))
+    ops += _attention(ctx) + ([fp8_cast(ctx, fp8)] if ctx.gemm_dtype == "fp8" else [])
     rows = ctx.row_tokens
     lat = ctx.tokens * (m.mla.q_lora_rank + m.mla.kv_lora_rank) / tp if m.mla else 0.0  # MLA: q_norm, kv_norm
     ops.append(_memory("norm", 2 * 2 * e * h * rows + 2 * e * lat, 2 * 3 * e * h * rows + 3 * e * lat, ctx))
@@ -203,23 +206,6 @@ def _layer_ops(ctx: _Ctx, layer: int) -> list[OpCost]:
                              (m.num_heads + m.kv_heads) * m.q_head_dim) / tp
         ops.append(_memory("rotary", 2 * e * rope, 2 * e * rope, ctx))
     return ops
-
-
-def _second_mms(ctx: _Ctx, layer: int) -> list[OpCost]:
-    """The matmuls :data:`EVERY_SECOND_MM` reruns in ``layer``: the 2nd, 4th, ... ``aten.mm`` of the
-    block in forward order (Q, K, V, output projection, then the FFN's up (and gate) and down
-    projections), each as its own GEMM, split over TP as in :func:`_layer_ops`."""
-    m, tp = ctx.model, ctx.parallel.tp
-    h, a, kv = m.hidden_size, m.num_heads, m.kv_heads
-    width, _, mult = linear_layers(m, layer)[-1]  # the FFN intermediate (fan-in of the down projection)
-    ffn_up = [(h, width), (h, width)] if m.activation == "swiglu" else [(h, width)]
-    mms = [(h, a * m.q_head_dim, 1.0), (h, kv * m.q_head_dim, 1.0), (h, kv * m.v_head_dim, 1.0),
-           (a * m.v_head_dim, h, 1.0), *((k, n, mult) for k, n in ffn_up), (width, h, mult)]
-    out = []
-    for i, (k, n, rows) in enumerate(mms[1::2]):
-        k_, n_ = (k, n / tp) if k == h else (k / tp, n)
-        out.append(_gemm(f"mm{2 * i + 2}", ctx.tokens * rows, k_, n_, ctx))
-    return out
 
 
 def _head_ops(ctx: _Ctx) -> list[OpCost]:
@@ -320,8 +306,9 @@ def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has
             rows[op.name] = _add(rows[op.name], op) if op.name in rows else op
             counts[op.name] = counts.get(op.name, 0) + 1
             w_counts[op.name] = w_counts.get(op.name, 0) + (not frozen or op.name == "lora")
-    ops = [dataclasses.replace(o, kernels=tuple(k * n for k, n in zip(_kernels(o.name), (counts[o.name],) * 2
-                                                                        + (w_counts[o.name],))))
+    ops = [o if o.name == FP8_CAST else  # fp8_cast counts its own kernels (simtrain.costs.fp8)
+           dataclasses.replace(o, kernels=tuple(k * n for k, n in zip(_kernels(o.name), (counts[o.name],) * 2
+                                                                      + (w_counts[o.name],))))
            for o in rows.values()]
     if has_embedding:
         h = m.hidden_size

@@ -78,3 +78,24 @@ def check_present(spec: str, model: str, present: set[str]) -> None:
         if not present & set(ALIASES.get(item, (item,))):
             raise SimtrainError(f"--recompute = {spec!r}: {model} has no {item!r} operator; its layers have "
                                 f"{', '.join(n for n in LAYER_OPS if n in present)}")
+
+
+def _second_mms(ctx, layer: int) -> list:
+    """The matmuls :data:`EVERY_SECOND_MM` reruns in ``layer``: the 2nd, 4th, ... ``aten.mm`` of the
+    block in forward order (Q, K, V, output projection, then the FFN's up (and gate) and down
+    projections), each as its own GEMM (:class:`simtrain.costs.ops.OpCost`), split over TP as in
+    :func:`simtrain.costs.ops._layer_ops`; ``ctx`` is that module's ``_Ctx``."""
+    from .layers import linear_layers
+    from .ops import _gemm
+
+    m, tp = ctx.model, ctx.parallel.tp
+    h, a, kv = m.hidden_size, m.num_heads, m.kv_heads
+    width, _, mult = linear_layers(m, layer)[-1]  # the FFN intermediate (fan-in of the down projection)
+    ffn_up = [(h, width), (h, width)] if m.activation == "swiglu" else [(h, width)]
+    mms = [(h, a * m.q_head_dim, 1.0), (h, kv * m.q_head_dim, 1.0), (h, kv * m.v_head_dim, 1.0),
+           (a * m.v_head_dim, h, 1.0), *((k, n, mult) for k, n in ffn_up), (width, h, mult)]
+    out = []
+    for i, (k, n, rows) in enumerate(mms[1::2]):
+        k_, n_ = (k, n / tp) if k == h else (k / tp, n)
+        out.append(_gemm(f"mm{2 * i + 2}", ctx.tokens * rows, k_, n_, ctx))
+    return out

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from conftest import balanced_moe, check_run, tiny_model
+from conftest import balanced_moe, check_run, invoke, tiny_model
 from simtrain.costs.ep_sms import bound_fractions, ep_slowdown, item_factor
 from simtrain.costs.ops import OpCost, ops_runtime
 from simtrain.errors import SimtrainError
@@ -87,5 +88,29 @@ def test_pair_compute_scales_by_the_per_operator_fraction():
 def test_bad_ep_comm_sms_is_refused():
     with pytest.raises(ValidationError):
         ParallelConfig(ep_comm_sms=-1)
-    with pytest.raises(SimtrainError, match="ep_comm_sms = 132: must be below the 132 SMs of h800"):
+    with pytest.raises(SimtrainError, match="parallel.ep_comm_sms = 132: must be below the 132 SMs"):
         run_schedule("dualpipev", balanced_moe(layers=9), H800, PAR.model_copy(update=dict(ep_comm_sms=132)))
+
+
+@pytest.mark.parametrize("value, message", [(-1, "field 'parallel.ep_comm_sms' = -1"),
+                                            (132, "parallel.ep_comm_sms = 132: must be below the 132 SMs"),
+                                            ("many", "field 'parallel.ep_comm_sms' = 'many'")])
+def test_bad_ep_comm_sms_in_a_scenario_is_one_error_line(tmp_path, value, message):
+    path = tmp_path / "s.yaml"
+    path.write_text("model: mixtral-8x7b\nhardware: h800\nschedules: [dualpipev]\n"
+                    f"parallel: {{pp: 2, dp: 8, ep: 8, microbatches: 4, ep_comm_sms: {value}}}\n")
+    res = invoke("compare", str(path), "--json")
+    assert res.exit_code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+def test_a_profile_with_a_bad_sm_count_is_one_error_line(tmp_path):
+    text = (Path(__file__).resolve().parent.parent / "simtrain/hardware_profiles/h800.yaml").read_text()
+    path = tmp_path / "hw.yaml"
+    path.write_text(text.replace("\nsms: 132", "\nsms: 0"))
+    res = invoke("compare", "--model", "mixtral-8x7b", "--hardware", str(path), "--pp", "2", "--dp", "8",
+                 "--ep", "8", "--microbatches", "4", "--schedules", "dualpipev")
+    assert res.exit_code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "field 'sms' = 0" in lines[0]

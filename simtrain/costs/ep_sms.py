@@ -69,8 +69,8 @@ def check_ep_sms(hardware, parallel) -> None:
     """
     s, total = parallel.ep_comm_sms, hardware.sms
     if total is not None and parallel.ep > 1 and s >= total:
-        raise SimtrainError(f"ep_comm_sms = {s}: must be below the {total} SMs of {hardware.name} "
-                            "(the communication kernels would leave no SM for compute); DeepEP's default is 20")
+        raise SimtrainError(f"parallel.ep_comm_sms = {s}: must be below the {total} SMs (sms) of hardware profile "
+                            f"{hardware.name} (no SM would be left for compute); DeepEP's default is 20")
 
 
 def item_factor(slowdown: float, compute_fraction: float) -> float:

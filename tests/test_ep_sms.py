@@ -53,7 +53,7 @@ def _step(schedule, model, parallel, hw=H800, runtime=None):
     return run.report.step_time_s
 
 
-@pytest.mark.parametrize("schedule", ["dualpipev", "dualpipe", "1f1b+waved-ep", "dualpipev+waved-ep"])
+@pytest.mark.parametrize("schedule", ["dualpipev", "dualpipe", "1f1b-overlap", "1f1b+waved-ep", "dualpipev+waved-ep"])
 def test_overlapped_ep_schedules_slow_down(schedule):
     model, off = balanced_moe(layers=9), PAR.model_copy(update=dict(ep_comm_sms=0))
     slow, plain = _step(schedule, model, PAR), _step(schedule, model, off)

@@ -10,6 +10,7 @@ described in the engine's module docstring; this module implements them.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 import simpy
@@ -93,7 +94,7 @@ class Ports:
     def __init__(self, clock: Clock):
         self.clock = clock
         self.busy: set[str] = set()
-        self.queues: dict[str, list[tuple[int, tuple[str, ...], int]]] = {}
+        self.queues: dict[str, deque[tuple[int, tuple[str, ...], int]]] = {}
         self.granted: set[int] = set()  # seqs granted since they queued (dropped from queues lazily)
         self.seq = 0
 
@@ -101,30 +102,44 @@ class Ports:
         """Queue task ``tid``'s request for ``names`` (some of them are busy)."""
         self.seq += 1
         entry = (self.seq, names, tid)
+        queues = self.queues
         for name in names:
-            self.queues.setdefault(name, []).append(entry)
+            queue = queues.get(name)
+            if queue is None:
+                queues[name] = deque((entry,))
+            else:
+                queue.append(entry)
 
     def grant(self, names: tuple[str, ...]) -> None:
         """``names`` were just freed (removed from :attr:`busy`): grant every waiting request
-        that can now take all it needs."""
+        that can now take all it needs, oldest first. Every candidate wants a freed resource, so
+        once all of them are taken again no later candidate can be granted: the scan stops
+        there instead of reading the whole queues."""
         busy, granted, queues = self.busy, self.granted, self.queues
-        candidates = {}
+        waiting = []
         for name in names:
             queue = queues.get(name)
+            if queue is None:
+                continue
+            while queue and queue[0][0] in granted:  # granted since it queued: drop it
+                queue.popleft()
             if queue:
-                live = [e for e in queue if e[0] not in granted]
-                if live:
-                    queues[name] = live
-                    candidates.update((e[0], e) for e in live)
-                else:
-                    del queues[name]
-        push = self.clock.fifo.append
-        for seq in sorted(candidates):
-            _, wanted, tid = candidates[seq]
+                waiting.append(queue)
+            else:
+                del queues[name]
+        if not waiting:
+            return
+        push, last = self.clock.fifo.append, 0
+        for seq, wanted, tid in waiting[0] if len(waiting) == 1 else heapq.merge(*waiting):
+            if seq == last or seq in granted:  # in two of the queues, or granted before
+                continue
+            last = seq
             if busy.isdisjoint(wanted):
                 busy.update(wanted)
                 granted.add(seq)
                 push((STEP_START, tid))
+                if busy.issuperset(names):
+                    return
 
 
 class SharedProcessors:

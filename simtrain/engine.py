@@ -151,9 +151,9 @@ class _Run:
     one-process-per-stream SimPy formulation (``yield env.all_of(deps)``,
     ``yield ports.acquire(...)``, ``yield env.timeout(d)``, ``done.succeed()``) without its
     generators and condition events. :meth:`run` dispatches the steps itself, and a task's run
-    event calls back a list's ``append`` (no Python frame), so a task costs one SimPy event and a
-    few short Python calls. Memory deltas are logged as task ids in the order they apply and
-    turned into rows after the run (:meth:`memory_rows`).
+    event calls back a list's ``append`` (no Python frame), so a task costs one SimPy event and
+    no Python call of the engine's own on the common path. Memory deltas are logged as task ids
+    in the order they apply and turned into rows after the run (:meth:`memory_rows`).
     """
 
     def __init__(self, graph: TaskGraph):
@@ -163,7 +163,7 @@ class _Run:
         self.tasks = graph.tasks
         n = len(self.tasks)
         self.processed = [False] * n  # the task's end has been processed (its waiters released)
-        self.waiters: list[list[int] | None] = [None] * n  # tasks waiting for its end
+        self.waiters: list[list[int]] = [[] for _ in range(n)]  # tasks waiting for its end
         self.pending = [0] * n  # dependencies whose end is not processed yet
         self.next_in_stream = [-1] * n  # the next task of its stream, -1 for none
         self.ports = Ports(self.clock)
@@ -175,19 +175,16 @@ class _Run:
         self.events = 0  # SimPy events processed (every scheduled one is, the run goes to the end)
 
     def run(self, starts: list[int]) -> None:
-        """Begin the tasks ``starts`` (in order) and run until nothing is left to do: the steps
-        due now are drained when the next SimPy event lies in the future (nothing scheduled while
-        they drain can be due now); with none due the next SimPy event is processed straight away.
-        A step that makes another step due at once (a task with no dependencies, resources or
-        duration goes on at once, as its generator would) runs it in the same pass."""
+        """Begin the tasks ``starts`` (in order), run until nothing is left. The steps due now are
+        drained before the next SimPy event (nothing scheduled meanwhile is due now); a step that
+        makes another due at once (no dependencies, resources or duration) runs it in the same pass."""
         clock, fifo, tasks, ports, pools = self.clock, self.fifo, self.tasks, self.ports, self.pools
         popleft, push, peek, step, schedule = fifo.popleft, fifo.append, clock.env.peek, clock.env.step, clock.schedule
         processed, waiters, pending, nexts = self.processed, self.waiters, self.pending, self.next_in_stream
         start_s, end_s, ended, mem_log = self.start_s, self.end_s, self.order.append, self.mem_log.append
-        busy, wait, grant, queues = ports.busy, ports.wait, ports.grant, ports.queues
-        due, callbacks = clock.due, clock.callbacks
+        busy, wait, grant, queues, due = ports.busy, ports.wait, ports.grant, ports.queues, clock.due
         fifo.extend((STEP_BEGIN, tid) for tid in starts)
-        now, events, spare = 0.0, 0, None
+        now, events = 0.0, 0
         while True:
             if fifo:
                 code, tid = popleft()
@@ -198,28 +195,20 @@ class _Run:
                     break
                 event = due.pop()
                 now = event.due
-                events += 1
                 if peek() != now:  # the only one due now (most often): its step at once
+                    events += 1
                     code, tid = event.step
-                    spare = event  # made again for the next run that starts
-                else:  # the steps of all events due now, in SimPy's order (then what they make due)
-                    push(event.step)
-                    while peek() == now:
-                        step()
-                    events += len(due)
-                    fifo.extend(map(_step_of, due))
-                    due.clear()
+                else:
+                    events += self._all_due(event)
                     code, tid = popleft()
             while True:  # the step, then the step it makes due at once, if any
                 if code == STEP_ENDED:  # release the tasks whose last dependency it was
                     processed[tid] = True
-                    waiting = waiters[tid]
-                    if waiting:
-                        for w in waiting:
-                            left = pending[w] - 1
-                            pending[w] = left
-                            if not left:
-                                push((STEP_TAKE, w))
+                    for w in waiters[tid]:
+                        left = pending[w] - 1
+                        pending[w] = left
+                        if not left:
+                            push((STEP_TAKE, w))
                     break
                 if code == STEP_BEGIN:  # wait for the dependencies
                     deps = tasks[tid].deps
@@ -228,11 +217,7 @@ class _Run:
                         for d in deps:
                             if not processed[d]:
                                 left += 1
-                                waiting = waiters[d]
-                                if waiting is None:
-                                    waiters[d] = [tid]
-                                else:
-                                    waiting.append(tid)
+                                waiters[d].append(tid)
                         if left:
                             pending[tid] = left
                         else:
@@ -262,11 +247,8 @@ class _Run:
                         elif now + duration == now:  # too small to move the clock: a step due now
                             push((STEP_FINISH, tid))
                         else:
-                            if spare is None:
-                                run = Due()
-                            else:
-                                run, spare = spare, None
-                            run.callbacks, run.due, run.step = callbacks, now + duration, (STEP_FINISH, tid)
+                            run = Due()
+                            run.callbacks, run.due, run.step = clock.callbacks, now + duration, (STEP_FINISH, tid)
                             schedule(run, NORMAL, duration)
                         break
                     code = STEP_FINISH
@@ -291,6 +273,19 @@ class _Run:
                 code(tid)  # a processor pool's step
                 break
         self.events = events
+
+    def _all_due(self, first: Due) -> int:
+        """``first`` was processed and more SimPy events are due at its time: process them all,
+        queue the steps of ``first`` and of them, in SimPy's order (each step's own effects then
+        come before what it makes due, as when processed one by one), and return their count."""
+        clock, due = self.clock, self.clock.due
+        self.fifo.append(first.step)
+        while clock.env.peek() == first.due:
+            clock.env.step()
+        count = 1 + len(due)
+        self.fifo.extend(map(_step_of, due))
+        due.clear()
+        return count
 
     def memory_rows(self) -> list[tuple[int, float, float]]:
         """Each rank's memory ``(rank, time_s, bytes)`` at time 0 and after every change, in the

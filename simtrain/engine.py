@@ -174,16 +174,15 @@ class _Run:
         self.end_s = [0.0] * n
         self.events = 0  # SimPy events processed (every scheduled one is, the run goes to the end)
 
-    def run(self, starts: list[int]) -> None:
-        """Begin the tasks ``starts`` (in order), run until nothing is left. The steps due now are
-        drained before the next SimPy event (nothing scheduled meanwhile is due now); a step that
-        makes another due at once (no dependencies, resources or duration) runs it in the same pass."""
+    def run(self) -> None:
+        """Run the queued steps (``STEP_BEGIN`` of the tasks that begin) until nothing is left: the
+        steps due now are drained before the next SimPy event (nothing scheduled meanwhile is due
+        now); a step that makes another due at once, with nothing queued before, runs it at once."""
         clock, fifo, tasks, ports, pools = self.clock, self.fifo, self.tasks, self.ports, self.pools
         popleft, push, peek, step, schedule = fifo.popleft, fifo.append, clock.env.peek, clock.env.step, clock.schedule
         processed, waiters, pending, nexts = self.processed, self.waiters, self.pending, self.next_in_stream
         start_s, end_s, ended, mem_log = self.start_s, self.end_s, self.order.append, self.mem_log.append
         busy, wait, grant, queues, due = ports.busy, ports.wait, ports.grant, ports.queues, clock.due
-        fifo.extend((STEP_BEGIN, tid) for tid in starts)
         now, events = 0.0, 0
         while True:
             if fifo:
@@ -205,9 +204,8 @@ class _Run:
                 if code == STEP_ENDED:  # release the tasks whose last dependency it was
                     processed[tid] = True
                     for w in waiters[tid]:
-                        left = pending[w] - 1
-                        pending[w] = left
-                        if not left:
+                        pending[w] -= 1
+                        if not pending[w]:
                             push((STEP_TAKE, w))
                     break
                 if code == STEP_BEGIN:  # wait for the dependencies
@@ -220,19 +218,21 @@ class _Run:
                                 waiters[d].append(tid)
                         if left:
                             pending[tid] = left
-                        else:
+                            break
+                        if fifo:  # (with nothing queued the step would be the next one: run it now)
                             push((STEP_TAKE, tid))
-                        break
+                            break
                     code = STEP_TAKE
                 if code == STEP_TAKE:  # take the resources: at once if all are free, else queue
                     resources = tasks[tid].resources
                     if resources:
-                        if busy.isdisjoint(resources):
-                            busy.update(resources)
-                            push((STEP_START, tid))
-                        else:
+                        if not busy.isdisjoint(resources):
                             wait(resources, tid)
-                        break
+                            break
+                        busy.update(resources)
+                        if fifo:
+                            push((STEP_START, tid))
+                            break
                     code = STEP_START
                 if code == STEP_START:
                     task = tasks[tid]
@@ -326,7 +326,9 @@ def _simulate(graph: TaskGraph) -> Trace:
     run = _Run(graph)
     tasks = graph.tasks
     columns = _task_columns(tasks)
-    run.run(_link_streams(columns["rank"], columns["stream"], run.next_in_stream))
+    starts = _link_streams(columns["rank"], columns["stream"], run.next_in_stream)
+    run.fifo.extend((STEP_BEGIN, tid) for tid in starts)
+    run.run()
     if len(run.order) < len(tasks):
         ended = set(run.order)
         finished = [tid in ended for tid in range(len(tasks))]

@@ -20,14 +20,16 @@ The engine knows tasks, streams, resources and memory deltas, nothing about sche
   its duration; two equal tasks that start together on a one-processor pool both end at twice
   their duration. This models ranks that outnumber the cores or GPUs running them.
 
-How it runs on SimPy: SimPy is the clock. Each task is a small state machine advanced by
-callbacks (:class:`_Run`): it waits for its dependencies, takes its resources, runs, ends. Only
-the run is a SimPy event (a delay); the steps that happen "now" go through a first-in-first-out
-lane drained whenever the next SimPy event lies in the future (:class:`_Clock`). That is the order
-SimPy itself gives zero-delay events (by time, then scheduling order), so the trace is the same,
-step for step, as that of one generator process per stream yielding ``env.all_of(deps)``, a port
-request, ``env.timeout(duration)`` and a done event (tests/test_engine_reference.py checks this on
-random graphs against such an implementation), at about one SimPy event per task instead of four.
+How it runs on SimPy: SimPy is the clock. Each task is a small state machine whose steps
+(:class:`_Run`) are dispatched by one loop: it waits for its dependencies, takes its resources,
+runs, ends. Only the run is a SimPy event (a delay, :class:`simtrain.sharing.Due`, whose
+callback is a list's ``append``); the steps that happen "now" go through a first-in-first-out
+lane drained whenever the next SimPy event lies in the future (:class:`simtrain.sharing.Clock`).
+That is the order SimPy itself gives zero-delay events (by time, then scheduling order), so the
+trace is the same, step for step, as that of one generator process per stream yielding
+``env.all_of(deps)``, a port request, ``env.timeout(duration)`` and a done event
+(tests/test_engine_reference.py checks this on random graphs against such an implementation), at
+one SimPy event per task instead of four.
 
 The engine is deterministic: the same graph gives the same trace. If some tasks can never run
 (a dependency cycle or a stream order that waits on itself), :func:`simulate` raises
@@ -38,16 +40,20 @@ task waits for.
 from __future__ import annotations
 
 import gc
-from collections import deque
-from collections.abc import Sequence
+from operator import attrgetter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import simpy
+import numpy as np
+
+from simpy.core import EmptySchedule
 from simpy.events import NORMAL
 
 from .errors import SimtrainError
-from .trace import TRACE_COLUMNS, Trace
+from .sharing import STEP_BEGIN, STEP_ENDED, STEP_FINISH, STEP_START, STEP_TAKE, Clock, Due, Ports, SharedProcessors
+from .trace import TRACE_COLUMNS, Trace, _objects
+
+_step_of = attrgetter("step")
 
 @dataclass(slots=True)
 class Task:
@@ -135,280 +141,168 @@ class DeadlockError(SimtrainError):
     """Some tasks could never start; the message names where each stuck stream waits."""
 
 
-class _Clock:
-    """SimPy's clock with a first-in-first-out lane for zero-delay steps.
-
-    SimPy orders events by (time, priority, scheduling order). Every step of a task that happens
-    "now" (its dependencies are done, a port is granted, it is done) would be a zero-delay SimPy
-    event, processed after every event already due now and before anything scheduled later; the
-    same order is kept here by a FIFO that is drained whenever the next SimPy event lies in the
-    future. So each task costs one SimPy event (its run, a delayed event on the environment) and
-    the trace is the same, step for step, as with one SimPy event per step.
-    """
-
-    def __init__(self) -> None:
-        self.env = simpy.Environment()
-        self.fifo: deque = deque()
-        self.soon = self.fifo.append  # soon((fn, arg)): call fn(arg) now, after every step already due now
-        self.schedule = self.env.schedule
-        self.now = 0.0  # the environment's time, kept here so that hot paths read an attribute
-        self.events = 0  # SimPy events scheduled
-
-    def after(self, delay_s: float, fn, arg) -> None:
-        """Call ``fn(arg)`` ``delay_s`` seconds from now (a delay too small to move the clock is
-        a step due now, as it is in SimPy)."""
-        due = self.now + delay_s  # the time SimPy computes for the event
-        if due == self.now:
-            self.fifo.append((fn, arg))
-        else:
-            self.events += 1
-            self.schedule(_Timer((self, due, fn, arg)), NORMAL, delay_s)
-
-    def run(self) -> None:
-        """Run until nothing is left to do: the FIFO is drained when the next SimPy event lies in
-        the future; with the FIFO empty the next SimPy event is processed straight away."""
-        fifo, peek, step = self.fifo, self.env.peek, self.env.step
-        popleft = fifo.popleft
-        while True:
-            if not fifo:
-                try:
-                    step()
-                except simpy.core.EmptySchedule:
-                    return
-            elif peek() > self.now:
-                while fifo:
-                    fn, arg = popleft()
-                    fn(arg)
-            else:
-                step()
-
-
-class _Timer:
-    """A bare SimPy event (what :meth:`simpy.Environment.step` reads: ``callbacks``, ``_ok``); by
-    default, processed at ``due`` seconds, it sets the clock's time and calls ``fn(arg)``."""
-
-    __slots__ = ("callbacks", "_value")
-    _ok = True
-
-    def __init__(self, value: tuple, callbacks: list | None = None):
-        self.callbacks = _FIRE if callbacks is None else callbacks  # SimPy never changes it: shared
-        self._value = value
-
-
-def _fire(event: _Timer) -> None:
-    clock, due, fn, arg = event._value
-    clock.now = due
-    fn(arg)
-
-
-_FIRE = [_fire]
-
-
-class _Ports:
-    """Capacity-1 resources taken all at once (see the module docstring).
-
-    Waiting requests are kept in one queue per resource they want, numbered in arrival order. A
-    release can only grant requests that want a released resource (every other one still waits
-    for a resource that stays busy), so only those are tried, oldest first: the same grants, in
-    the same order, as trying every waiting request in arrival order."""
-
-    def __init__(self, clock: _Clock, on_grant):
-        self.clock = clock
-        self.on_grant = on_grant
-        self.busy: set[str] = set()
-        self.queues: dict[str, list[tuple[int, tuple[str, ...], int]]] = {}  # name -> (seq, wanted, tid)
-        self.granted: set[int] = set()  # seqs granted since they queued (dropped from queues lazily)
-        self.seq = 0
-
-    def acquire(self, names: tuple[str, ...], tid: int) -> None:
-        """Grant ``names`` to task ``tid`` (a step due now), or queue it until all are free."""
-        if self.busy.isdisjoint(names):
-            self.busy.update(names)
-            self.clock.soon((self.on_grant, tid))
-            return
-        self.seq += 1
-        entry = (self.seq, names, tid)
-        for name in names:
-            self.queues.setdefault(name, []).append(entry)
-
-    def release(self, names: tuple[str, ...]) -> None:
-        """Free ``names`` and grant every waiting request that can now take all it needs."""
-        busy, granted, queues = self.busy, self.granted, self.queues
-        busy.difference_update(names)
-        if not queues:
-            return
-        candidates = {}
-        for name in names:
-            queue = queues.get(name)
-            if queue:
-                live = [e for e in queue if e[0] not in granted]
-                if live:
-                    queues[name] = live
-                    candidates.update((e[0], e) for e in live)
-                else:
-                    del queues[name]
-        for seq in sorted(candidates):
-            _, wanted, tid = candidates[seq]
-            if busy.isdisjoint(wanted):
-                busy.update(wanted)
-                granted.add(seq)
-                self.clock.soon((self.on_grant, tid))
-
-
-class _SharedProcessors:
-    """A pool of ``count`` processors shared equally by the tasks running on it (see module doc)."""
-
-    def __init__(self, clock: _Clock, count: float, on_done):
-        self.clock = clock
-        self.count = count
-        self.on_done = on_done
-        self.running: dict[int, float] = {}  # tid -> remaining work seconds
-        self.updated = 0.0
-        self.version = 0
-
-    def _rate(self) -> float:
-        return min(1.0, self.count / len(self.running)) if self.running else 1.0
-
-    def _advance(self) -> None:
-        now = self.clock.now
-        elapsed, rate = now - self.updated, self._rate()
-        for tid in self.running:
-            self.running[tid] -= elapsed * rate
-        self.updated = now
-
-    def work(self, tid: int, seconds: float) -> None:
-        """Run ``seconds`` of task ``tid``'s work on the pool; ``on_done(tid)`` when it is done."""
-        self._advance()
-        self.running[tid] = seconds
-        self._plan()
-
-    def _plan(self) -> None:
-        """Wake up when the job with the least remaining work finishes at the current rate."""
-        self.version += 1
-        if not self.running:
-            return
-        least = min(self.running.values())
-        self.clock.after(max(least, 0.0) / self._rate(), self._finish, self.version)
-
-    def _finish(self, version: int) -> None:
-        if version != self.version:  # the set of running jobs changed since this timer was set
-            return
-        self._advance()
-        tolerance = 1e-12 * max(1.0, self.clock.now)
-        for tid in [t for t, left in self.running.items() if left <= tolerance]:
-            del self.running[tid]
-            self.clock.soon((self.on_done, tid))
-        self._plan()
-
-
 class _Run:
-    """One simulation of a task graph: each task a small state machine on a :class:`_Clock`.
+    """One simulation of a task graph: each task a small state machine on a :class:`Clock`.
 
-    A task waits for its dependencies (one step due now when the last dependency's end has been
-    processed), takes its resources (one step due now when granted), runs (one SimPy event after
-    its duration, or on its processor pool) and ends (one step due now that releases the tasks
-    waiting for it). These are the steps, in the same order, of the one-process-per-stream SimPy
-    formulation (``yield env.all_of(deps)``, ``yield ports.acquire(...)``,
-    ``yield env.timeout(d)``, ``done.succeed()``) without its generators and condition events.
+    A task waits for its dependencies (the step ``STEP_TAKE`` due when the last dependency's end
+    has been processed), takes its resources (``STEP_START`` due when they are granted), runs
+    (one SimPy event after its duration, or on its processor pool) and ends (``STEP_ENDED``
+    releases the tasks waiting for it). These are the steps, in the same order, of the
+    one-process-per-stream SimPy formulation (``yield env.all_of(deps)``,
+    ``yield ports.acquire(...)``, ``yield env.timeout(d)``, ``done.succeed()``) without its
+    generators and condition events. :meth:`run` dispatches the steps itself, and a task's run
+    event calls back a list's ``append`` (no Python frame), so a task costs one SimPy event and
+    no Python call of the engine's own on the common path. Memory deltas are logged as task ids
+    in the order they apply and turned into rows after the run (:meth:`memory_rows`).
     """
 
     def __init__(self, graph: TaskGraph):
-        self.clock = _Clock()
-        self.env = self.clock.env
-        self.soon = self.clock.soon
+        self.graph = graph
+        self.clock = Clock()
+        self.fifo = self.clock.fifo
         self.tasks = graph.tasks
         n = len(self.tasks)
         self.processed = [False] * n  # the task's end has been processed (its waiters released)
         self.waiters: list[list[int]] = [[] for _ in range(n)]  # tasks waiting for its end
         self.pending = [0] * n  # dependencies whose end is not processed yet
-        self.next_in_stream: list[int | None] = [None] * n
-        self.ports = _Ports(self.clock, self._start)
-        self.pools = {name: _SharedProcessors(self.clock, count, self._finish) for name, count in graph.pools.items()}
-        self.memory = list(graph.static_memory_bytes) or [0.0] * graph.num_ranks
-        self.mem_rows: list[tuple[int, float, float]] = [(r, 0.0, self.memory[r]) for r in range(graph.num_ranks)]
+        self.next_in_stream = [-1] * n  # the next task of its stream, -1 for none
+        self.ports = Ports(self.clock)
+        self.pools = {name: SharedProcessors(self.clock, count) for name, count in graph.pools.items()}
+        self.mem_log: list[int] = []  # tid: its mem_start applied, ~tid: its mem_end, in order
         self.order: list[int] = []  # tids in the order they ended
         self.start_s = [0.0] * n
         self.end_s = [0.0] * n
-        self.take, self.finish, self.ended = self._take, self._finish, self._ended  # bound once, not per call
-        self.ran = [self._ran]  # the callbacks of a task's run event
+        self.events = 0  # SimPy events processed (every scheduled one is, the run goes to the end)
 
-    def _apply(self, deltas: list[tuple[int, float]]) -> None:
-        memory, now, rows = self.memory, self.clock.now, self.mem_rows
-        for rank, delta in deltas:
-            memory[rank] += delta
-            rows.append((rank, now, memory[rank]))
+    def run(self) -> None:
+        """Run the queued steps (``STEP_BEGIN`` of the tasks that begin) until nothing is left: the
+        steps due now are drained before the next SimPy event (nothing scheduled meanwhile is due
+        now); a step that makes another due at once, with nothing queued before, runs it at once."""
+        clock, fifo, tasks, ports, pools = self.clock, self.fifo, self.tasks, self.ports, self.pools
+        popleft, push, peek, step, schedule = fifo.popleft, fifo.append, clock.env.peek, clock.env.step, clock.schedule
+        processed, waiters, pending, nexts = self.processed, self.waiters, self.pending, self.next_in_stream
+        start_s, end_s, ended, mem_log = self.start_s, self.end_s, self.order.append, self.mem_log.append
+        busy, wait, grant, queues, due = ports.busy, ports.wait, ports.grant, ports.queues, clock.due
+        now, events = 0.0, 0
+        while True:
+            if fifo:
+                code, tid = popleft()
+            else:  # the next SimPy event (nothing is due before it), and any due at the same time
+                try:
+                    step()
+                except EmptySchedule:
+                    break
+                event = due.pop()
+                now = event.due
+                if peek() != now:  # the only one due now (most often): its step at once
+                    events += 1
+                    code, tid = event.step
+                else:
+                    events += self._all_due(event)
+                    code, tid = popleft()
+            while True:  # the step, then the step it makes due at once, if any
+                if code == STEP_ENDED:  # release the tasks whose last dependency it was
+                    processed[tid] = True
+                    for w in waiters[tid]:
+                        pending[w] -= 1
+                        if not pending[w]:
+                            push((STEP_TAKE, w))
+                    break
+                if code == STEP_BEGIN:  # wait for the dependencies
+                    deps = tasks[tid].deps
+                    if deps:
+                        left = 0
+                        for d in deps:
+                            if not processed[d]:
+                                left += 1
+                                waiters[d].append(tid)
+                        if left:
+                            pending[tid] = left
+                            break
+                        if fifo:  # (with nothing queued the step would be the next one: run it now)
+                            push((STEP_TAKE, tid))
+                            break
+                    code = STEP_TAKE
+                if code == STEP_TAKE:  # take the resources: at once if all are free, else queue
+                    resources = tasks[tid].resources
+                    if resources:
+                        if not busy.isdisjoint(resources):
+                            wait(resources, tid)
+                            break
+                        busy.update(resources)
+                        if fifo:
+                            push((STEP_START, tid))
+                            break
+                    code = STEP_START
+                if code == STEP_START:
+                    task = tasks[tid]
+                    start_s[tid] = now
+                    if task.mem_start:
+                        mem_log(tid)
+                    duration = task.duration_s
+                    if duration > 0:
+                        if task.pool is not None:
+                            clock.now = now
+                            pools[task.pool].work(tid, duration)
+                        elif now + duration == now:  # too small to move the clock: a step due now
+                            push((STEP_FINISH, tid))
+                        else:
+                            run = Due()
+                            run.callbacks, run.due, run.step = clock.callbacks, now + duration, (STEP_FINISH, tid)
+                            schedule(run, NORMAL, duration)
+                        break
+                    code = STEP_FINISH
+                if code == STEP_FINISH:  # it ends, frees its resources, its stream goes on
+                    task = tasks[tid]
+                    if task.mem_end:
+                        mem_log(~tid)
+                    resources = task.resources
+                    if resources:
+                        busy.difference_update(resources)
+                        if queues:
+                            grant(resources)
+                    end_s[tid] = now
+                    ended(tid)
+                    push((STEP_ENDED, tid))
+                    tid = nexts[tid]
+                    if tid < 0:
+                        break
+                    code = STEP_BEGIN
+                    continue
+                clock.now = now
+                code(tid)  # a processor pool's step
+                break
+        self.events = events
 
-    def begin(self, tid: int) -> None:
-        """Start waiting for ``tid``'s dependencies."""
-        deps = self.tasks[tid].deps
-        if not deps:
-            self._take(tid)
-            return
-        pending, processed, waiters = 0, self.processed, self.waiters
-        for d in deps:
-            if not processed[d]:
-                pending += 1
-                waiters[d].append(tid)
-        if pending:
-            self.pending[tid] = pending
-        else:
-            self.soon((self.take, tid))
+    def _all_due(self, first: Due) -> int:
+        """``first`` was processed and more SimPy events are due at its time: process them all,
+        queue the steps of ``first`` and of them, in SimPy's order (each step's own effects then
+        come before what it makes due, as when processed one by one), and return their count."""
+        clock, due = self.clock, self.clock.due
+        self.fifo.append(first.step)
+        while clock.env.peek() == first.due:
+            clock.env.step()
+        count = 1 + len(due)
+        self.fifo.extend(map(_step_of, due))
+        due.clear()
+        return count
 
-    def _ended(self, tid: int) -> None:
-        """The end of ``tid`` is processed: release the tasks whose last dependency it was."""
-        self.processed[tid] = True
-        waiting = self.waiters[tid]
-        if waiting:
-            pending, soon, take = self.pending, self.soon, self.take
-            for w in waiting:
-                pending[w] -= 1
-                if not pending[w]:
-                    soon((take, w))
-
-    def _take(self, tid: int) -> None:
-        """Take the task's resources, then run it."""
-        resources = self.tasks[tid].resources
-        if resources:
-            self.ports.acquire(resources, tid)
-        else:
-            self._start(tid)
-
-    def _start(self, tid: int) -> None:
-        task = self.tasks[tid]
-        clock = self.clock
-        now = clock.now
-        self.start_s[tid] = now
-        if task.mem_start:
-            self._apply(task.mem_start)
-        duration = task.duration_s
-        if duration > 0:
-            if task.pool is not None:
-                self.pools[task.pool].work(tid, duration)
-            elif now + duration == now:  # too small to move the clock: a step due now (:meth:`_Clock.after`)
-                self.soon((self.finish, tid))
+    def memory_rows(self) -> list[tuple[int, float, float]]:
+        """Each rank's memory ``(rank, time_s, bytes)`` at time 0 and after every change, in the
+        order the changes applied."""
+        graph, tasks, start_s, end_s = self.graph, self.tasks, self.start_s, self.end_s
+        memory = list(graph.static_memory_bytes) or [0.0] * graph.num_ranks
+        rows = [(r, 0.0, memory[r]) for r in range(graph.num_ranks)]
+        append = rows.append
+        for tid in self.mem_log:
+            if tid >= 0:
+                deltas, now = tasks[tid].mem_start, start_s[tid]
             else:
-                clock.events += 1
-                clock.schedule(_Timer((now + duration, tid), self.ran), NORMAL, duration)
-        else:
-            self._finish(tid)
-
-    def _ran(self, event: _Timer) -> None:
-        """A task's run event (value ``(due, tid)``) is processed: the clock is at ``due``, the task ends."""
-        self.clock.now, tid = event._value
-        self._finish(tid)
-
-    def _finish(self, tid: int) -> None:
-        task = self.tasks[tid]
-        if task.mem_end:
-            self._apply(task.mem_end)
-        if task.resources:
-            self.ports.release(task.resources)
-        self.end_s[tid] = self.clock.now
-        self.order.append(tid)
-        self.soon((self.ended, tid))
-        nxt = self.next_in_stream[tid]
-        if nxt is not None:
-            self.begin(nxt)
+                deltas, now = tasks[~tid].mem_end, end_s[~tid]
+            for rank, delta in deltas:
+                memory[rank] += delta
+                append((rank, now, memory[rank]))
+        return rows
 
 
 def simulate(graph: TaskGraph) -> Trace:
@@ -431,38 +325,67 @@ def _simulate(graph: TaskGraph) -> Trace:
     """:func:`simulate` (with the garbage collector off)."""
     run = _Run(graph)
     tasks = graph.tasks
-    streams: dict[tuple[int, str], list[int]] = {}
-    starts = []
-    for t in tasks:
-        if t.stream is None:
-            starts.append(t.tid)
-        else:
-            streams.setdefault((t.rank, t.stream), []).append(t.tid)
-    for ids in streams.values():
-        for a, b in zip(ids, ids[1:]):
-            run.next_in_stream[a] = b
-        starts.append(ids[0])
-    for tid in starts:
-        run.begin(tid)
-    run.clock.run()
+    columns = _task_columns(tasks)
+    starts = _link_streams(columns["rank"], columns["stream"], run.next_in_stream)
+    run.fifo.extend((STEP_BEGIN, tid) for tid in starts)
+    run.run()
     if len(run.order) < len(tasks):
         ended = set(run.order)
         finished = [tid in ended for tid in range(len(tasks))]
-        raise DeadlockError(_describe_deadlock(tasks, finished, streams))
-    return Trace.from_columns(_columns(tasks, run), run.mem_rows, simpy_events=run.clock.events)
+        raise DeadlockError(_describe_deadlock(tasks, finished, _streams(tasks)))
+    return _trace(columns, run)
 
 
-def _columns(tasks: list[Task], run: _Run) -> dict[str, Sequence]:
-    """The trace columns (:data:`simtrain.trace.TRACE_COLUMNS`) of a finished run, rows in the
-    order the tasks ended (one list comprehension per column: ~3x faster than one tuple per row)."""
-    ended = [tasks[i] for i in run.order]
-    start_s, end_s = run.start_s, run.end_s
-    return {"rank": [t.rank for t in ended], "stream": [t.stream or "" for t in ended],
-            "category": [t.category for t in ended], "kind": [t.kind for t in ended], "name": [t.name for t in ended],
-            "stage": [t.stage for t in ended], "microbatch": [t.microbatch for t in ended],
-            "start_s": [start_s[i] for i in run.order], "end_s": [end_s[i] for i in run.order],
-            "bytes": [t.nbytes for t in ended], "peer": [t.peer for t in ended],
-            "resources": [",".join(t.resources) if t.resources else "" for t in ended]}
+def _task_columns(tasks: list[Task]) -> dict[str, list]:
+    """What the trace records of each task (the :data:`simtrain.trace.TRACE_COLUMNS` but
+    ``start_s`` and ``end_s``), one list per column in task order (``stream`` None where none).
+    One list comprehension per column: ~3x faster than one tuple per task."""
+    return {"rank": [t.rank for t in tasks], "stream": [t.stream for t in tasks],
+            "category": [t.category for t in tasks], "kind": [t.kind for t in tasks], "name": [t.name for t in tasks],
+            "stage": [t.stage for t in tasks], "microbatch": [t.microbatch for t in tasks],
+            "bytes": [t.nbytes for t in tasks], "peer": [t.peer for t in tasks],
+            "resources": [",".join(t.resources) for t in tasks]}
+
+
+def _link_streams(ranks: list[int], streams: list[str | None], nexts: list[int]) -> list[int]:
+    """Chain the tasks of each ``(rank, stream)`` in task order (fills ``nexts[tid]``: the next
+    task of its stream, -1 for none) and return the tasks to begin, in the order the engine
+    begins them: the stream-less ones, then the first of each stream in order of first appearance."""
+    n = len(streams)
+    names = {s: i for i, s in enumerate(dict.fromkeys(streams))}
+    code = np.fromiter(map(names.__getitem__, streams), dtype=np.int64, count=n)
+    key = np.asarray(ranks, dtype=np.int64) * len(names) + code
+    free = code == names[None] if None in names else np.zeros(n, dtype=bool)
+    chained = np.flatnonzero(~free)
+    chained = chained[np.argsort(key[chained], kind="stable")]  # grouped by stream, in task order
+    same = key[chained[1:]] == key[chained[:-1]]
+    nxt = np.full(n, -1, dtype=np.int64)
+    nxt[chained[:-1][same]] = chained[1:][same]
+    nexts[:] = nxt.tolist()
+    heads = np.sort(chained[np.concatenate(([True], ~same))]) if len(chained) else chained
+    return np.flatnonzero(free).tolist() + heads.tolist()
+
+
+def _streams(tasks: list[Task]) -> dict[tuple[int, str], list[int]]:
+    """``(rank, stream)`` -> its task ids in order (for the deadlock message)."""
+    streams: dict[tuple[int, str], list[int]] = {}
+    for t in tasks:
+        if t.stream is not None:
+            streams.setdefault((t.rank, t.stream), []).append(t.tid)
+    return streams
+
+
+def _trace(columns: dict[str, list], run: _Run) -> Trace:
+    """The :class:`simtrain.trace.Trace` of a finished run: rows sorted stably by (start_s, rank)
+    from the order the tasks ended, as :meth:`simtrain.trace.Trace.from_columns` sorts them."""
+    order = np.array(run.order, dtype=np.int64)
+    ranks = np.array(columns["rank"], dtype=np.int64)
+    rows = order[np.lexsort((ranks[order], np.array(run.start_s)[order]))]
+    table = {name: _objects(columns[name])[rows] for name in TRACE_COLUMNS if name in columns}
+    table["stream"] = _objects([s or "" for s in columns["stream"]])[rows]
+    table["start_s"], table["end_s"] = _objects(run.start_s)[rows], _objects(run.end_s)[rows]
+    return Trace(table={name: table[name] for name in TRACE_COLUMNS}, memory_rows=run.memory_rows(),
+                 makespan_s=float(max(run.end_s, default=0.0)), events=len(rows), simpy_events=run.events)
 
 
 def _describe_deadlock(tasks: list[Task], finished: list[bool], streams: dict) -> str:

@@ -44,3 +44,26 @@ def test_callback_engine_equals_generator_engine(graph: TaskGraph) -> None:
     ref = pd.DataFrame(rows, columns=TRACE_COLUMNS).sort_values(["start_s", "rank"], kind="stable")
     assert list(map(tuple, result.trace.itertuples(index=False))) == list(map(tuple, ref.itertuples(index=False)))
     assert list(map(tuple, result.memory.itertuples(index=False))) == mem_rows
+
+
+@st.composite
+def contended_transfers(draw) -> TaskGraph:
+    """Many stream-less transfers on few ports (long waiting queues, releases that grant several
+    requests, requests in two queues at once), after a few stream tasks that release them."""
+    ranks = draw(st.integers(2, 4))
+    graph = TaskGraph(num_ranks=ranks)
+    ports = [f"link:{r}:{d}" for r in range(ranks) for d in ("out", "in")]
+    for tid in range(draw(st.integers(1, 12))):
+        graph.add(name=f"c{tid}", rank=tid % ranks, category="compute", kind="F", stream="compute",
+                  duration_s=float(draw(st.integers(0, 2))))
+    for tid in range(len(graph.tasks), len(graph.tasks) + draw(st.integers(1, 80))):
+        graph.add(name=f"x{tid}", rank=draw(st.integers(0, ranks - 1)), category="comm", kind="p2p",
+                  duration_s=float(draw(st.integers(0, 3))), deps=draw(st.lists(st.integers(0, tid - 1), max_size=2)),
+                  resources=tuple(draw(st.lists(st.sampled_from(ports), min_size=1, max_size=3, unique=True))))
+    return graph
+
+
+@settings(max_examples=60, deadline=None)
+@given(contended_transfers())
+def test_port_queues_grant_as_the_generator_engine_does(graph: TaskGraph) -> None:
+    test_callback_engine_equals_generator_engine.hypothesis.inner_test(graph)

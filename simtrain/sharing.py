@@ -1,0 +1,188 @@
+"""What the engine's tasks share: its clock's lane of steps due now, link ports, processor pools.
+
+:mod:`simtrain.engine` runs a task graph as steps on a :class:`Clock`. A *step* is a pair
+``(code, arg)`` in the clock's first-in-first-out lane of things due now: the engine's own steps
+use small integer codes it dispatches itself (:data:`STEP_START` and :data:`STEP_FINISH` are the
+ones :class:`Ports` and :class:`SharedProcessors` push); any other code is a callable, called
+``code(arg)``. The rules by which tasks share capacity-1 resources and processor pools are
+described in the engine's module docstring; this module implements them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+import simpy
+from simpy.events import NORMAL
+
+STEP_BEGIN, STEP_TAKE, STEP_START, STEP_FINISH, STEP_ENDED = 0, 1, 2, 3, 4
+"""Codes of the engine's steps: a task begins (waits for its dependencies), its dependencies are
+done (take its resources), it starts (its resources are granted), it finishes (its work is done),
+its end is processed (release the tasks waiting for it)."""
+
+
+class Clock:
+    """SimPy's clock with a first-in-first-out lane for zero-delay steps.
+
+    SimPy orders events by (time, priority, scheduling order). Every step of a task that happens
+    "now" (its dependencies are done, a port is granted, it is done) would be a zero-delay SimPy
+    event, processed after every event already due now and before anything scheduled later; the
+    engine keeps the same order with :attr:`fifo`, drained whenever the next SimPy event lies in
+    the future. So each task costs one SimPy event (its run, a delayed event on the environment)
+    and the trace is the same, step for step, as with one SimPy event per step.
+
+    A SimPy event here is a :class:`Due` carrying a step; processing it only appends it to
+    :attr:`due` (SimPy calls the list's ``append``: no Python frame, no side effect), so every
+    event due at one time can be processed first and its steps taken in the order SimPy
+    processed them.
+
+    Attributes:
+        env: the SimPy environment (its events are the runs of tasks and pool wake-ups).
+        fifo: the steps due now, ``(code, arg)`` pairs (see the module docstring).
+        due: the events SimPy processed whose steps are not taken yet, in order.
+        callbacks: the callbacks of every :class:`Due` (SimPy drops an event's list, never
+            changes it, so one list serves all).
+        now: the environment's time (seconds), kept here so that hot paths read an attribute.
+    """
+
+    def __init__(self) -> None:
+        self.env = simpy.Environment()
+        self.fifo: deque = deque()
+        self.due: list[Due] = []
+        self.callbacks = [self.due.append]
+        self.schedule = self.env.schedule
+        self.now = 0.0
+
+    def after(self, delay_s: float, step: tuple) -> None:
+        """Make ``step`` due ``delay_s`` seconds from now (a delay too small to move the clock
+        makes it due now, as it is in SimPy)."""
+        if self.now + delay_s == self.now:  # SimPy's time for the event
+            self.fifo.append(step)
+        else:
+            event = Due()
+            event.callbacks, event.due, event.step = self.callbacks, self.now + delay_s, step
+            self.schedule(event, NORMAL, delay_s)
+
+
+class Due:
+    """A bare SimPy event (what :meth:`simpy.Environment.step` reads: ``callbacks``, ``_ok``)
+    carrying the ``step`` it makes due when SimPy processes it at ``due`` seconds (the time SimPy
+    computes for it, ``now + delay``). Made without ``__init__`` and
+    filled attribute by attribute: the engine makes one per task."""
+
+    __slots__ = ("callbacks", "due", "step")
+    _ok = True
+
+
+class Ports:
+    """Capacity-1 resources taken all at once (see :mod:`simtrain.engine`).
+
+    Free requests are granted by the engine itself (:attr:`busy` is disjoint from what it
+    wants); :meth:`wait` queues the others. Waiting requests are kept in one queue per resource
+    they want, numbered in arrival order. A release can only grant requests that want a released
+    resource (every other one still waits for a resource that stays busy), so only those are
+    tried, oldest first: the same grants, in the same order, as trying every waiting request in
+    arrival order. A grant is the step ``(STEP_START, tid)`` on the clock's lane.
+
+    Attributes:
+        busy: names of the resources held now.
+        queues: resource name -> waiting requests ``(seq, wanted names, tid)`` (granted ones
+            are dropped lazily); empty when nothing waits.
+    """
+
+    def __init__(self, clock: Clock):
+        self.clock = clock
+        self.busy: set[str] = set()
+        self.queues: dict[str, deque[tuple[int, tuple[str, ...], int]]] = {}
+        self.granted: set[int] = set()  # seqs granted since they queued (dropped from queues lazily)
+        self.seq = 0
+
+    def wait(self, names: tuple[str, ...], tid: int) -> None:
+        """Queue task ``tid``'s request for ``names`` (some of them are busy)."""
+        self.seq += 1
+        entry = (self.seq, names, tid)
+        queues = self.queues
+        for name in names:
+            queue = queues.get(name)
+            if queue is None:
+                queues[name] = deque((entry,))
+            else:
+                queue.append(entry)
+
+    def grant(self, names: tuple[str, ...]) -> None:
+        """``names`` were just freed (removed from :attr:`busy`): grant every waiting request
+        that can now take all it needs, oldest first. Every candidate wants a freed resource, so
+        once all of them are taken again no later candidate can be granted: the scan stops
+        there instead of reading the whole queues."""
+        busy, granted, queues = self.busy, self.granted, self.queues
+        waiting = []
+        for name in names:
+            queue = queues.get(name)
+            if queue is None:
+                continue
+            while queue and queue[0][0] in granted:  # granted since it queued: drop it
+                queue.popleft()
+            if queue:
+                waiting.append(queue)
+            else:
+                del queues[name]
+        if not waiting:
+            return
+        push, last = self.clock.fifo.append, 0
+        for seq, wanted, tid in waiting[0] if len(waiting) == 1 else heapq.merge(*waiting):
+            if seq == last or seq in granted:  # in two of the queues, or granted before
+                continue
+            last = seq
+            if busy.isdisjoint(wanted):
+                busy.update(wanted)
+                granted.add(seq)
+                push((STEP_START, tid))
+                if busy.issuperset(names):
+                    return
+
+
+class SharedProcessors:
+    """A pool of ``count`` processors shared equally by the tasks running on it (see
+    :mod:`simtrain.engine`); a task whose work is done is the step ``(STEP_FINISH, tid)``."""
+
+    def __init__(self, clock: Clock, count: float):
+        self.clock = clock
+        self.count = count
+        self.running: dict[int, float] = {}  # tid -> remaining work seconds
+        self.updated = 0.0
+        self.version = 0
+
+    def _rate(self) -> float:
+        return min(1.0, self.count / len(self.running)) if self.running else 1.0
+
+    def _advance(self) -> None:
+        now = self.clock.now
+        elapsed, rate = now - self.updated, self._rate()
+        for tid in self.running:
+            self.running[tid] -= elapsed * rate
+        self.updated = now
+
+    def work(self, tid: int, seconds: float) -> None:
+        """Run ``seconds`` of task ``tid``'s work on the pool, from the clock's now."""
+        self._advance()
+        self.running[tid] = seconds
+        self._plan()
+
+    def _plan(self) -> None:
+        """Wake up when the job with the least remaining work finishes at the current rate."""
+        self.version += 1
+        if not self.running:
+            return
+        least = min(self.running.values())
+        self.clock.after(max(least, 0.0) / self._rate(), (self._finish, self.version))
+
+    def _finish(self, version: int) -> None:
+        if version != self.version:  # the set of running jobs changed since this timer was set
+            return
+        self._advance()
+        tolerance = 1e-12 * max(1.0, self.clock.now)
+        for tid in [t for t, left in self.running.items() if left <= tolerance]:
+            del self.running[tid]
+            self.clock.fifo.append((STEP_FINISH, tid))
+        self._plan()

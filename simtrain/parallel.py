@@ -236,9 +236,10 @@ class ParallelConfig(NumbersNotBooleans):
             (:func:`simtrain.lowering.moe.transfers`); a few times fewer tasks. A lone
             action lasts as long as the exact one; what moves is how a pair's halves and other
             traffic overlap the all-to-alls, and NVLink utilisation, reported as busy while the
-            NIC part runs. Error against the exact run: ``benchmarks/bench_speed.py --coarsen``
-            (DeepSeek-V3 DualPipe + Waved-EP, m = 64: 239k tasks exact; 80k and step time +0.8 %
-            at K = 2; 43k and +3.7 % at K = 4).
+            NIC part runs. Error against the exact run: ``benchmarks/bench_speed.py --coarsen 4``
+            (DeepSeek-V3, K = 4: DualPipe + Waved-EP m = 64, 239k tasks exact, 43k and step time
+            +2.6 %; m = 128 +3.2 %; DualPipe alone m = 64 +8.6 %, m = 128 +10.2 %, where each
+            pair's halves overlap their own all-to-alls, which a block of 4 layers coarsens most).
         forward_only: simulate forward passes only (inference / RL rollout step).
         rank_order: how GPU ids are numbered, innermost first: ``tp-pp-dp`` (Llama 3's order)
             or ``tp-dp-pp`` (PP outermost: Megatron-Core's order with EP, and DeepSpeed's

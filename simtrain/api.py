@@ -22,7 +22,7 @@ from .metrics import Report as _MetricsReport
 from .models import ModelSpec
 from .models import load_model as _load_model
 from .parallel import ParallelConfig
-from .checks import check_applicable
+from .checks import check_applicable, check_dtype
 from .cost_models import check_kernels, hfu, parse_cost_choice, recompute_modules
 from .export import check_output_path
 from .scenario import ScheduleRun, run_schedule
@@ -194,6 +194,7 @@ def compare(
     check_applicable(list(schedules), spec, hw, config, given)  # as the CLI: a setting that changes nothing is refused
     choice = parse_cost_choice(cost_model, modules, fp8, hw.attention_kernel(config.attention), hw)
     check_kernels(choice, config)
+    check_dtype(hw, config, choice.model == "ops", "dtype" if "dtype" in options else None)
     runtime = choice.runtime(spec, config, hw)
     runs = [run_schedule(name, spec, hw, config, op_times=op_times, comm=comm, runtime=runtime) for name in schedules]
     runs = [dataclasses.replace(r, report=dataclasses.replace(r.report, hfu=hfu(r, spec, config, hw, choice)))

@@ -111,3 +111,11 @@ def test_the_api_takes_and_refuses_what_compare_does(tmp_path, monkeypatch):
     assert (tmp_path / "mine.html").read_text() == "mine"
     assert comp.write_html("ok.html") == comp.write_html("ok.html")  # its own file it may rewrite
     assert comp.to_frame()["peak_memory_bytes"][0] == max(comp[0].peak_memory_bytes)
+
+
+def test_the_api_checks_the_dtype_as_compare_does():
+    from simtrain.errors import SimtrainError
+    with pytest.raises(SimtrainError, match=r"dtype = 'fp64': h100-sxm can be priced in"):
+        simtrain.simulate("llama3-8b", "h100-sxm", tp=8, dtype="fp64")
+    with pytest.raises(SimtrainError, match="give --dtype with one of .*fp16"):
+        simtrain.simulate("llama3-8b", "v100-sxm2", tp=8)

@@ -244,15 +244,15 @@ class Topology:
         p, per_node = self.parallel, self.hardware.gpus_per_node
         holders = (pp_rank,) if holders is None else holders
         # gpu_id is affine in each index, so numpy broadcasts it over the whole group at once
-        h = np.asarray(holders).reshape(-1, 1, 1)
         if dim in ("tp", "ep"):
             ids = p.gpu_id(pp_rank) + np.arange(p.tp if dim == "tp" else p.ep)
         elif dim == "cp":
             ids = p.gpu_id(pp_rank, cp_rank=np.arange(p.cp))
         elif dim == "dp":  # the DP replicas and their CP ranks (they hold the same parameters)
-            ids = p.gpu_id(h, np.arange(p.dp).reshape(1, -1, 1), cp_rank=np.arange(p.cp).reshape(1, 1, -1))
+            ids = p.gpu_id(np.reshape(holders, (-1, 1, 1)), np.arange(p.dp).reshape(1, -1, 1),
+                           cp_rank=np.arange(p.cp).reshape(1, 1, -1))
         else:
-            ids = p.gpu_id(h) + p.ep * np.arange(p.expert_dp).reshape(1, -1, 1)
+            ids = p.gpu_id(np.reshape(holders, (-1, 1))) + p.ep * np.arange(p.expert_dp).reshape(1, -1)
         per = np.unique(np.ravel(ids) // per_node, return_counts=True)[1]
         return Placement(int(per.sum()), int(per.max()), len(per))
 

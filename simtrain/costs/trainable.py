@@ -16,6 +16,7 @@ linear layers of the transformer blocks).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from ..errors import SimtrainError
@@ -106,7 +107,4 @@ def adapter_ops(model: ModelSpec, layer: int, parallel: ParallelConfig, gemm, ad
         return []
     gemms = [gemm(a, b, mult) for k, n, mult in linear_layers(model, layer)
              for a, b in (((k, r), (r, n / tp)) if k == h else ((k / tp, r), (r, n)))]
-    total = gemms[0]
-    for g in gemms[1:]:
-        total = add(total, g)
-    return [total]
+    return [functools.reduce(add, gemms)]

@@ -25,6 +25,9 @@ class LayerShape:
     shared_bytes: float  # of act_bytes x tp: what every TP rank stores whole without sequence parallelism
     ew_forward: dict[str, float]  # bytes per token memory-bound kernels move in F, per class
     ew_backward: dict[str, float]  # ... and in I (W runs GEMMs only)
+    # of act_bytes x tp, per operator: (bytes per token of that operator's stored outputs, of which
+    # replicated on every TP rank without sequence parallelism): what recomputing it removes
+    recomputable: dict[str, tuple[float, float]]
 
 
 def linear_layers(model: ModelSpec, layer: int) -> list[tuple[int, int, float]]:
@@ -124,6 +127,7 @@ def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int,
         by_op = eager_layer_bytes(model, elem)
         shared = by_op["attention_norm"] + by_op["ffn_norm"]
         norms, attn, ffn = shared, by_op["attention"], by_op["ffn"]
+    recomputable = _recomputable(model, layer, elem, cache, mask)
     width = _ffn_width(model, layer)
     act_f, act_b = (3 * width, 5 * width) if model.activation == "swiglu" else (2 * width, 3 * width)
     return LayerShape(
@@ -138,7 +142,47 @@ def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int,
         shared_bytes=shared - (elem - cache) * 2 * h,  # the two first-GEMM inputs are cached too
         ew_forward=dict(norm=4 * h * elem / tp, activation=act_f * elem / tp, add=6 * h * elem / tp),
         ew_backward=dict(norm=6 * h * elem / tp, activation=act_b * elem / tp, add=6 * h * elem / tp),
+        recomputable={} if eager and saved_applies(model, layer) else recomputable,
     )
+
+
+def _recomputable(model: ModelSpec, layer: int, elem: int, cache: float, mask: int) -> dict[str, tuple[float, float]]:
+    """Per ``--recompute`` operator name: the bytes per token (whole, before the TP split) of the
+    tensors in :func:`layer_shape`'s stored count that the operator outputs, and of them the part
+    replicated on every TP rank without sequence parallelism. A backward that reruns an operator
+    does not keep its outputs (DeepSeek-V3 report, arXiv:2412.19437, §3.2.3: recomputing every
+    RMSNorm and the MLA up-projections eliminates "the need to persistently store their output
+    activations"); its inputs stay stored (they are other operators' outputs or the layer's input).
+    Linear-layer inputs count at the activation cache's ``cache`` bytes per element, the rest at
+    ``elem``. Operators whose outputs the count does not store (the output projections, the FFN's
+    down projection of a dense layer, residual adds, rotary, the router) are absent: rerunning
+    them frees nothing."""
+    h, a = model.hidden_size, model.num_heads
+    up = 2 if model.activation == "swiglu" else 1  # FFN up-projection outputs per intermediate element
+    out: dict[str, tuple[float, float]] = {"dropout": (2.0 * mask * h, 2.0 * mask * h)}
+    norms = 2 * h  # the two layer norms' outputs: the first GEMMs' inputs
+    if model.mla is not None:
+        m = model.mla
+        norms += m.q_lora_rank + m.kv_lora_rank  # the q and kv latents after their norms
+        out["q_down"] = (float(m.q_lora_rank * elem), 0.0)
+        out["kv_down"] = (float((m.kv_lora_rank + m.qk_rope_head_dim) * elem), 0.0)
+        out["q_up"] = (float(a * model.q_head_dim * elem), 0.0)  # Q
+        out["kv_up"] = (float(a * (model.q_head_dim + model.v_head_dim) * elem), 0.0)  # K and V
+    else:
+        out["qkv"] = (float((a * model.q_head_dim + model.kv_heads * (model.q_head_dim + model.v_head_dim)) * elem), 0.0)
+    if model.is_moe_layer(layer):
+        moe = model.moe
+        f, shared, routed = moe.expert_ffn_hidden_size, moe.num_shared_experts, moe.top_k
+        norms += shared * h  # the shared experts' inputs are the norm's output
+        out["ffn_up"], out["activation"] = (shared * up * f * elem, 0.0), (shared * f * cache, 0.0)
+        out["permute"] = (routed * h * cache, 0.0)  # the routed experts' input copies
+        out["expert_up"], out["expert_activation"] = (routed * up * f * elem, 0.0), (routed * f * cache, 0.0)
+        out["expert_down"] = (float(routed * h * elem), 0.0)  # kept for the combine's gate gradient
+    else:
+        f = model.ffn_hidden_size
+        out["ffn_up"], out["activation"] = (up * f * elem, 0.0), (f * cache, 0.0)
+    out["norm"] = (norms * cache, 2 * h * cache)
+    return out
 
 
 def elementwise_s(bytes_by_class: dict[str, float], hardware: HardwareProfile) -> float:

@@ -50,7 +50,8 @@ from .kernels import KernelRates, rates_for
 from .layers import linear_layers
 from .moe_ops import ATTENTION_FFN, check_moe, moe_chunk, moe_layer_ops
 from .recompute import (ALIASES, ATTENTION_CORE, EVERY_SECOND_MM, FULL, LAYER_OPS, LINEAR_OPS,  # noqa: F401
-                        _EVERY_SECOND_MM_RERUNS, _second_mms, check_present, parse_recompute)
+                        _EVERY_SECOND_MM_RERUNS, _second_mms, check_present, parse_recompute,
+                        stored_reduction)
 from .trainable import adapter_ops, is_frozen, without_weight_pass
 from .types import StageCosts, grad_accumulate_bytes_per_param
 
@@ -372,8 +373,10 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
         model, parallel, hardware: what is simulated.
         attention: ``flash`` (a fused kernel) or ``unfused`` (materialised scores).
         recompute: operators rerun inside I (:func:`parse_recompute`); None takes
-            ``parallel.recompute``. Only the time is per operator: stored activation memory
-            follows ``parallel.recompute`` (:mod:`simtrain.costs`).
+            ``parallel.recompute``. A module list on top of ``recompute none`` also leaves the
+            rerun operators' outputs out of the stored activations
+            (:func:`simtrain.costs.recompute.stored_reduction`); levels keep
+            ``parallel.recompute``'s memory (:mod:`simtrain.costs`).
         fp8: ``gemms`` runs the transformer layers' linear GEMMs at the GPU kind's FP8 rate while
             attention, the MoE router, the LM head and memory-bound kernels stay in
             ``parallel.dtype`` (DeepSeek-V3 §3.3); None: no FP8.
@@ -437,7 +440,11 @@ def _apply_with(ctx: _Ctx):
             moe = c.moe and moe_chunk(ctx, c, cache, ops)  # segments around the (unchanged) all-to-alls
             attn_f, attn_i = (sum(o.seconds[p] for o in ops if o.name in ATTENTION_CORE) for p in range(2))
             cp = cp_declaration(model, parallel, ctx.tokens, len(c.layers), attn_f, attn_i)  # what hides ring CP
+            kept = stored_reduction(ctx, c, cache)  # a module list's outputs are not stored
+            held = kept if parallel.w_pending == "autograd" else 0.0  # W holding the whole graph
             chunks.append(dataclasses.replace(c, forward_s=f, backward_input_s=i, backward_weight_s=w, moe=moe,
+                                              activation_bytes=c.activation_bytes - kept,
+                                              weight_grad_bytes=c.weight_grad_bytes - held,
                                               full_backward_s=None, cp_hide_forward_s=cp.hide_forward_s,
                                               cp_hide_backward_s=cp.hide_backward_s, gemm_s=_linear_seconds(ctx, ops)))
         return dataclasses.replace(costs, chunks=tuple(chunks),

@@ -99,3 +99,43 @@ def _second_mms(ctx, layer: int) -> list:
         k_, n_ = (k, n / tp) if k == h else (k / tp, n)
         out.append(_gemm(f"mm{2 * i + 2}", ctx.tokens * rows, k_, n_, ctx))
     return out
+
+
+def stored_reduction(ctx, chunk, cache: dict) -> float:
+    """Bytes by which a module list (``--recompute norm,mla_up``) shrinks one microbatch's stored
+    activations of ``chunk`` under the per-operator model (``ctx``: :mod:`simtrain.costs.ops`'s
+    ``_Ctx``): every rerun operator's outputs (:func:`simtrain.costs.layers._recomputable`) over
+    the chunk's layers and tokens, split over TP as the stored count is, and the attention
+    kernel's saved scores (or log-sum-exp) when the whole attention core is rerun.
+
+    The base is ``recompute none``'s count (what ``compare`` sets for a module list); levels,
+    ``full`` and :data:`EVERY_SECOND_MM` keep their own counts, so they give 0. Under
+    ``kernels eager`` the eager block's saved tensors are not split per operator: 0 as well.
+
+    Args:
+        ctx: the per-operator context (model, parallel, attention kind, rerun names).
+        chunk: a :class:`simtrain.costs.types.ChunkCosts` (its ``layers``).
+        cache: a dict shared by the chunks of one model (layer shapes per dense/MoE kind).
+
+    Returns:
+        Bytes (>= 0) per microbatch on this GPU.
+    """
+    from .layers import FP8_CACHE_BYTES, layer_shape
+
+    rerun, parallel = ctx.recompute, ctx.parallel
+    if parallel.recompute != "none" or not rerun or FULL in rerun or EVERY_SECOND_MM in rerun:
+        return 0.0
+    replicated = 0.0 if parallel.sequence_parallel else 1.0 - 1.0 / parallel.tp
+    per_token = 0.0
+    for layer in chunk.layers:
+        kind = ("stored", ctx.model.is_moe_layer(layer))
+        if kind not in cache:
+            ls = layer_shape(ctx.model, layer, ctx.seq, parallel.tp, ctx.elem,
+                             FP8_CACHE_BYTES if parallel.activation_cache == "fp8" else None, parallel.kernels == "eager")
+            drop = sum(split / parallel.tp + shared * replicated
+                       for name, (split, shared) in ls.recomputable.items() if name in rerun)
+            if set(ATTENTION_CORE) <= rerun and ls.recomputable:
+                drop += ls.score_bytes if ctx.attention == "unfused" else ls.lse_bytes
+            cache[kind] = drop
+        per_token += cache[kind]
+    return per_token * ctx.tokens

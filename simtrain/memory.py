@@ -6,7 +6,7 @@ I frees them but for what W still needs (the W-pending buffers), W frees the res
 (:func:`simtrain.lowering.chains.memory`). :func:`memory_breakdown` splits the peak of every rank
 into those parts:
 
-* ``weights``, ``gradients``: one copy per held parameter in the weight dtype (16-bit in mixed
+* ``weights``, ``gradients``: one copy per held parameter (gradients: per trainable one) in the weight dtype (16-bit in mixed
   precision, else 4 bytes; :func:`simtrain.costs.stage_costs`), divided by DP where the ZeRO
   stage shards them (gradients from stage 2, parameters from stage 3; Rajbhandari et al. 2020
   §5.2-5.3); with ``grad_allocation: first-backward`` only the gradients of the chunks whose
@@ -97,8 +97,9 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
         held = sorted({schedule.chunk_of(s) for s in schedule.stages_of(rank)})
         static, buffers = costs.static_bytes(held), costs.recv_buffer_bytes(held)
         params = sum(costs.chunks[c].params for c in held)
+        trainable = params - sum(costs.chunks[c].frozen_params for c in held)  # frozen weights have no gradient
         per = costs.static_parts_per_param or (costs.grad_bytes_per_param,) * 2
-        weights, grads = params * per[0], params * per[1]
+        weights, grads = params * per[0], trainable * per[1]
         peak, t = _first_peak(mem, rank)
         unallocated = costs.lazy_grad_bytes(_before_first_backward(cols, rank, t, held, schedule))
         static, grads = static - unallocated, grads - unallocated

@@ -240,7 +240,8 @@ class ParallelConfig(NumbersNotBooleans):
             (DeepSeek-V3, K = 4: DualPipe + Waved-EP m = 64, 239k tasks exact, 43k and step time
             +2.6 %; m = 128 +3.2 %; DualPipe alone m = 64 +8.6 %, m = 128 +10.2 %, where each
             pair's halves overlap their own all-to-alls, which a block of 4 layers coarsens most).
-        forward_only: simulate forward passes only (inference / RL rollout step).
+        forward_only: simulate forward passes only (inference / RL rollout step): HBM holds the
+            weights alone, no gradients and no optimizer states.
         rank_order: how GPU ids are numbered, innermost first: ``tp-pp-dp`` (Llama 3's order)
             or ``tp-dp-pp`` (PP outermost: Megatron-Core's order with EP, and DeepSpeed's
             ``PipeModelDataParallelTopology``, axes ``['pipe', 'data', 'model']``, which BLOOM's

@@ -228,3 +228,17 @@ def test_eager_kernels_under_the_flat_model_are_refused():
 
     res = invoke("compare", *SMALL, "--schedules", "1f1b", "--json", "--kernels", "eager", "--cost-model", "flat")
     assert res.exit_code == 2 and res.output.count("error:") == 1 and "--kernels eager" in res.output
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_fused_attention_never_beats_the_compute_dtypes_peak_and_mfu_stays_below_one(dtype):
+    """FlashAttention's table is 16-bit: in fp32 its rate falls with the GEMM tables' fp32/bf16
+    ratio (a review found 557 TFLOP/s fp32 attention on H100 and MFU 107 %)."""
+    m, h = load_model("llama3-8b"), load_profile("h100-sxm")
+    rates = rates_for(h)
+    for s in (512, 4096, 16384):
+        assert rates.attention_flops_per_s(s, dtype) <= h.peak_flops[dtype]
+    assert rates.attention_flops_per_s(4096, "fp8") == rates.attention_flops_per_s(4096, "bf16")
+    p = ParallelConfig(tp=8, microbatches=4, dtype=dtype)
+    run = run_schedule("1f1b", m, h, p, runtime=ops_runtime(m, p, h))
+    assert 0 < run.report.mfu < 1

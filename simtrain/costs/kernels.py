@@ -72,10 +72,19 @@ class KernelRates:
                 rate += w * table[tuple(i + bit for i, bit in zip(idx, bits))]
         return float(rate * scale)  # a Python float: numpy scalars slow every sum the simulator does with them
 
-    def attention_flops_per_s(self, seq_len: int) -> float:
-        """Causal FlashAttention forward FLOP/s (causal count) at ``seq_len``, log-interpolated."""
+    def attention_flops_per_s(self, seq_len: int, dtype: str = "bf16") -> float:
+        """Causal fused-attention forward FLOP/s (causal count) at ``seq_len``, log-interpolated.
+
+        The table is FlashAttention's, measured in 16-bit (FlashAttention-2 runs fp16 and bf16
+        only: Dao 2023, README). In a dtype whose GEMMs are slower (fp32: torch's SDPA then takes
+        its memory-efficient kernel) the rate falls by the ratio of the two dtypes' best GEMM
+        rates in this table, so no attention kernel beats the dtype's peak; a faster dtype
+        (fp8) keeps the 16-bit rate."""
         xs = [math.log2(s) for s, _ in self.attention]
-        return float(np.interp(math.log2(seq_len), xs, [r for _, r in self.attention]))
+        rate = float(np.interp(math.log2(seq_len), xs, [r for _, r in self.attention]))
+        if dtype in self.gemm and "bf16" in self.gemm:
+            rate *= min(1.0, float(self.gemm[dtype].max() / self.gemm["bf16"].max()))
+        return rate
 
 
 def _check_table(kind: str, dtype: str, table: np.ndarray, shape: tuple[int, ...]) -> None:

@@ -159,7 +159,7 @@ def _attention(ctx: _Ctx) -> list[OpCost]:
     dq, dv = m.q_head_dim, m.v_head_dim
     counted = ctx.tokens * heads * (2 * s * dq + 2 * s * dv)  # simtrain's F count (non-causal)
     if ctx.attention == "flash" and ctx.rates.attention:
-        rate = ctx.rates.attention_flops_per_s(ctx.query_len)
+        rate = ctx.rates.attention_flops_per_s(ctx.query_len, ctx.parallel.dtype)
         work = counted / 2  # causal: half the score matrix
         secs = (work / rate, 2 * work / (rate * ctx.rates.backward_ratio), 0.0)
         return [OpCost("attention", (counted, 2 * counted, 0.0), (0.0, 0.0, 0.0), secs, "compute")]

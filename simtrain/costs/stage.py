@@ -19,7 +19,7 @@ from .saved import applies as saved_applies, eager_head_bytes
 from .trainable import check_trainable, is_frozen, layer_adapter
 from .layers import FP8_CACHE_BYTES, elementwise_s, gemm_seconds, layer_shape, linear_layers
 from .types import (OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts, grad_accumulate_bytes_per_param,
-                    static_bytes_per_param, static_parts_per_param)
+                    static_parts_per_param)
 
 def split_layers(num_layers: int, num_chunks: int) -> list[int]:
     """Layers per chunk: as even as possible, extra layers to the middle chunks first.
@@ -323,22 +323,24 @@ def stage_costs(
     shard = parallel.dp_cp if parallel.zero_stage >= 1 else 1
     expert_shard = parallel.expert_dp if parallel.zero_stage >= 1 else 1
     kept = parallel.grad_reduce_bytes  # an fp32 accumulation buffer is the kept gradient
+    parts = static_parts_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard, kept)
+    expert_parts = static_parts_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, expert_shard, kept)
+    if parallel.forward_only:  # an inference / rollout step holds the weights alone: no gradient, no optimizer
+        parts, expert_parts = (parts[0], 0.0, 0.0), (expert_parts[0], 0.0, 0.0)
     return StageCosts(
         chunks=tuple(chunks),
-        static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard, kept),
+        static_bytes_per_param=sum(parts),
         grad_bytes_per_param=weight_bytes,
-        static_parts_per_param=static_parts_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard, kept),
+        static_parts_per_param=parts,
         # torch's foreach Adam: an fp32 sqrt(exp_avg_sq) per (sharded) parameter while it steps
         optimizer_temp_bytes_per_param=4.0 / shard if parallel.optimizer_impl == "foreach" else 0.0,
         optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / shard / optimizer_rate,
         tokens_per_microbatch=tokens * parallel.cp,
         frozen_static_bytes_per_param=weight_bytes / (shard if parallel.zero_stage >= 3 else 1),
-        expert_static_bytes_per_param=static_bytes_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage,
-                                                             expert_shard, kept),
+        expert_static_bytes_per_param=sum(expert_parts),
         expert_optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / expert_shard / optimizer_rate,
         tied_embedding_params=model.vocab_size * model.hidden_size / tp
         if model.tied_embeddings and num_chunks > 1 else 0.0,
         grad_reduce_bytes=kept,
-        lazy_grad_bytes_per_param=static_parts_per_param(weight_bytes, optimizer_bytes, parallel.zero_stage, shard, kept)[1]
-        if parallel.grad_allocation == "first-backward" else 0.0,
+        lazy_grad_bytes_per_param=parts[1] if parallel.grad_allocation == "first-backward" else 0.0,
     )

@@ -203,3 +203,13 @@ def test_grad_norm_and_clipping_run_on_the_optimizer_shard_over_dp_times_cp():
         secs[cp, zero] = grad_norm_clip_s(_Ctx(GPT, p, r, "flash", bw, parse_recompute(p.recompute)), 1e9)
     assert secs[2, 1] == pytest.approx(secs[1, 1] / 2)
     assert secs[2, 0] == pytest.approx(secs[1, 1] * _par().dp)
+
+
+def test_an_all_reduced_gradient_is_normed_whole_under_zero_1():
+    """DeepSpeed's BF16_Optimizer all-reduces the fp32 gradient and norms and clips all of it
+    (get_grads_for_norm), although its optimizer states are sharded: no 1/(dp cp) saving."""
+    r = rates_for(A100)
+    bw = A100.hbm_bandwidth_bytes_per_s * r.hbm_efficiency
+    secs = {op: grad_norm_clip_s(_Ctx(GPT, p, r, "flash", bw, parse_recompute(p.recompute)), 1e9)
+            for op, p in (("rs", _par(cp=2)), ("ar", _par(cp=2, grad_reduce_op="all-reduce")))}
+    assert secs["ar"] == pytest.approx(secs["rs"] * _par(cp=2).dp_cp)

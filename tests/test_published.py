@@ -147,3 +147,23 @@ def test_korthikanti_full_recompute_is_slower_than_sequence_parallel_plus_select
     assert len(rows) == 4
     for size in ("22B", "175B"):
         assert rows[f"{size}, full recompute"].predicted > rows[f"{size}, SP + selective"].predicted
+
+
+def test_bloom_prices_jean_zays_links_at_the_all_reduce_measured_on_its_a100_nodes():
+    """bigscience experiments/bandwidth/all_reduce_bench-a100-n4.txt (358e3c8): a 4.0e9-byte fp32
+    all-reduce over 4 nodes x 8 A100 took 1.529 s (median of trials 2-5), and NCCL_DEBUG shows its
+    ring crossing each node through one NIC per direction. BLOOM's DP group (8 ranks, 2 a node)
+    crosses through one NIC in simtrain, so it gets that busbw; a pipeline hop gets half a NIC."""
+    from simtrain.collectives import Group, bus_factor, estimate_group
+    from simtrain.network import Topology
+    from simtrain.parallel import ParallelConfig
+    from simtrain.published import _hardware_of
+
+    measured_busbw = 4.0e9 / 1.529 * bus_factor("all-reduce", 32)
+    case = next(c for c in load_suite().cases if c.name == "bloom-176b")
+    hw = _hardware_of(case.hardware)
+    dp = estimate_group("all-reduce", 14.7e9, hw, Group(gpus=8, per_node=2, nodes=4))
+    assert dp.busbw_bytes_per_s == pytest.approx(measured_busbw, rel=0.01)
+    hop = Topology(hw, ParallelConfig(tp=4, pp=12, dp=8, rank_order="tp-dp-pp")).p2p(0, 1)
+    assert hop.resources[0].startswith("nic")
+    assert hop.transfer_s(117e6) == pytest.approx(hw.inter_node.latency_s + 117e6 / (measured_busbw / 2), rel=0.01)

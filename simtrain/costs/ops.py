@@ -356,9 +356,14 @@ GRAD_NORM_CLIP_BYTES_PER_PARAM = 12
 
 def grad_norm_clip_s(ctx: _Ctx, params: float) -> float:
     """Seconds of the per-step gradient norm and clipping over ``params`` parameters of one GPU
-    (:data:`GRAD_NORM_CLIP_BYTES_PER_PARAM` at the memory-bound rate, on the ZeRO-1+ shard over
-    DP x CP, the group the optimizer states are sharded over: :func:`simtrain.costs.stage_costs`)."""
-    shard = ctx.parallel.dp_cp if ctx.parallel.zero_stage >= 1 else 1
+    (:data:`GRAD_NORM_CLIP_BYTES_PER_PARAM` at the memory-bound rate) on the gradient the rank holds
+    reduced: the ZeRO-1+ shard over DP x CP (the group the optimizer states are sharded over:
+    :func:`simtrain.costs.stage_costs`) when gradients are reduce-scattered; the whole gradient when
+    they are all-reduced, as DeepSpeed's BF16_Optimizer does under ZeRO-1 (``step`` norms and clips
+    ``get_grads_for_norm()``, the unpartitioned fp32 gradients: deepspeed/runtime/bf16_optimizer.py
+    at v0.6.5)."""
+    sharded = ctx.parallel.zero_stage >= 1 and ctx.parallel.dp_reduce_op == "reduce-scatter"
+    shard = ctx.parallel.dp_cp if sharded else 1
     return GRAD_NORM_CLIP_BYTES_PER_PARAM / ctx.hbm_bytes_per_s / shard * params
 
 

@@ -25,6 +25,7 @@ from .parallel import ParallelConfig
 from .checks import check_applicable, check_dtype
 from .cost_models import check_kernels, hfu, parse_cost_choice, recompute_modules
 from .export import check_output_path
+from .checks import MAX_OP_TIME_S
 from .scenario import ScheduleRun, run_schedule
 from .schedules import split_name
 
@@ -140,6 +141,31 @@ def _inputs(model, hardware, parallel: dict[str, Any]) -> tuple[ModelSpec, Hardw
     return spec, hw, config
 
 
+def _call_arguments(schedules: Any, op_times: Any, comm: Any) -> tuple[list[str], tuple[float, float, float] | None, bool]:
+    """:func:`compare`'s ``schedules`` (one name or a non-empty list of names), ``op_times``
+    (three numbers F, I, W in seconds, as ``--op-times``) and ``comm`` (a bool), checked.
+
+    Raises:
+        SimtrainError: one line naming the argument, its value and what is allowed.
+    """
+    if isinstance(schedules, str):
+        schedules = [schedules]
+    if not isinstance(schedules, (list, tuple)) or not schedules or not all(isinstance(n, str) for n in schedules):
+        raise SimtrainError(f"schedules = {schedules!r}: expected a schedule name or a non-empty list of names "
+                            "(e.g. ['1f1b'])")
+    if op_times is not None:
+        numbers = isinstance(op_times, (list, tuple)) and all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) for t in op_times)
+        if not numbers or len(op_times) != 3 or not all(0 <= t <= MAX_OP_TIME_S for t in op_times) \
+                or sum(op_times) <= 0:
+            raise SimtrainError(f"op_times = {op_times!r}: expected three numbers F, I, W from 0 to "
+                                f"{MAX_OP_TIME_S:g} seconds, at least one > 0, e.g. (1, 1, 1)")
+        op_times = tuple(float(t) for t in op_times)
+    if not isinstance(comm, bool):
+        raise SimtrainError(f"comm = {comm!r}: expected True or False")
+    return list(schedules), op_times, comm
+
+
 def compare(
     model: str | Path | ModelSpec,
     hardware: str | Path | HardwareProfile,
@@ -176,6 +202,7 @@ def compare(
             schedules (e.g. ``vp`` without an interleaved one, as the CLI refuses), or a
             configuration that cannot run (static memory over HBM, a model/parallel mismatch).
     """
+    schedules, op_times, comm = _call_arguments(schedules, op_times, comm)
     fp8 = options.pop("fp8", None)
     modules = recompute_modules(options.get("recompute"))  # a module list, as compare --recompute
     if modules:
@@ -183,10 +210,6 @@ def compare(
     spec, hw, config = _inputs(model, hardware, dict(
         tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
         seq_len=seq_len, **options))
-    if isinstance(schedules, str):
-        schedules = [schedules]
-    if not schedules:
-        raise SimtrainError("schedules = []: name at least one schedule (e.g. ['1f1b'])")
     for name in schedules:
         split_name(name)
     given = {k for k, v in dict(tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches,
@@ -220,4 +243,6 @@ def simulate(
     Raises:
         SimtrainError: as :func:`compare`.
     """
+    if not isinstance(schedule, str):
+        raise SimtrainError(f"schedule = {schedule!r}: expected one schedule name (compare() takes a list)")
     return compare(model, hardware, schedules=[schedule], **kwargs)[0]

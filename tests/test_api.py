@@ -49,6 +49,22 @@ def test_bad_input_is_a_simtrain_error():
         simtrain.simulate(model="llama9", hardware="h100-sxm")
 
 
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(op_times=(1, 1)), "op_times = \\(1, 1\\): expected three numbers"),
+    (dict(op_times="1,1,1"), "op_times = '1,1,1'"),
+    (dict(op_times=(1, 1, float("nan"))), "from 0 to"),
+    (dict(op_times=(1, True, 1)), "expected three numbers"),
+    (dict(comm="no"), "comm = 'no': expected True or False"),
+    (dict(schedule=["1f1b"]), "schedule = \\['1f1b'\\]: expected one schedule name"),
+])
+def test_bad_call_arguments_are_one_simtrain_error(kwargs, needle):
+    """A review found TypeError / AttributeError tracebacks, and comm='no' taken as True."""
+    with pytest.raises(simtrain.SimtrainError, match=needle):
+        simtrain.simulate(model="llama3-8b", hardware="h100-sxm", tp=8, **kwargs)
+    with pytest.raises(simtrain.SimtrainError, match="schedules = \\['1f1b', 3\\]"):
+        simtrain.compare("llama3-8b", "h100-sxm", schedules=["1f1b", 3])
+
+
 def test_report_renders_in_a_notebook():
     report = simtrain.simulate(model="llama3-8b", hardware="h100-sxm", pp=2, microbatches=4, op_times=(1, 1, 1))
     page = report._repr_html_()

@@ -45,7 +45,8 @@ REASONS = ("batch_divisibility", "redundant", "model_rules", "schedule_rules", "
            "activation_memory", "step_time_bound", "simulation_error")
 """Why a configuration was not simulated, in the order tried: the global batch is not ``dp x b x m``; redundant
 (ZeRO-1 over one replica is ZeRO-0, interleaving on one pipeline rank runs its chunks in turn, Megatron's combined
-1F1B without EP has nothing to overlap); the model cannot be split so (heads, layers, experts); the schedule's
+1F1B without EP has nothing to overlap, on one pipeline rank every pipeline order is one sequence: 1F1B's stands
+for them); the model cannot be split so (heads, layers, experts); the schedule's
 generator refuses (pp, m, vp); static or static + in-flight activation memory exceeds HBM (analytic bound); the
 step-time lower bound cannot beat the K-th best found; the simulation failed (e.g. deadlock)."""
 
@@ -149,6 +150,8 @@ def enumerate_space(req: PlanRequest) -> Iterator[tuple[Config, str | None]]:
     max_tp = req.max_tp or req.hardware.gpus_per_node
     counts = divisors(req.gpus) if req.objective == "tokens-per-gpu" else [req.gpus]
     moe = req.model.moe
+    plain = [n for n in req.schedules if "+" not in n and n not in EP_PAIRED]  # pipeline orders alone
+    one_stage = "1f1b" if "1f1b" in plain else (plain[0] if plain else None)  # what PP 1 keeps of them
     for g in counts:
         for tp in [t for t in divisors(g) if t <= max_tp]:
             for pp in divisors(g // tp):
@@ -167,7 +170,8 @@ def enumerate_space(req: PlanRequest) -> Iterator[tuple[Config, str | None]]:
                                         if rest or m == 0:
                                             yield cfg, "batch_divisibility"
                                         elif (z == 1 and dp == 1 and (moe is None or ep == tp)) or (vp > 1 and pp == 1) \
-                                                or (ep == 1 and name.split("+")[0] in EP_PAIRED):
+                                                or (ep == 1 and name.split("+")[0] in EP_PAIRED) \
+                                                or (pp == 1 and name in plain and name != one_stage):
                                             yield cfg, "redundant"
                                         else:
                                             yield cfg, None

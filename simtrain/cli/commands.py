@@ -145,7 +145,7 @@ def profiles(
                       f"use; rename the file {p.name}{path.suffix} or change name: to '{path.stem}' to make them "
                       "agree", markup=False, highlight=False, soft_wrap=True)
         table.add_row(
-            p.name, "built-in" if built_in else str(path), p.description.split(",")[0], f"{p.peak_flops.get('bf16', 0) / TFLOPS:.0f}",
+            p.name, "built-in" if built_in else str(path), p.description, f"{p.peak_flops.get('bf16', 0) / TFLOPS:.0f}",
             f"{p.hbm_bytes / GiB:.0f}", f"{p.hbm_bandwidth_bytes_per_s / 1e12:.2f}", str(p.gpus_per_node),
             f"{p.intra_node.bandwidth_bytes_per_s / GB:.0f}", f"{p.inter_node.bandwidth_bytes_per_s / GB:.0f}",
         )

@@ -267,7 +267,9 @@ def _check_outputs(st: Settings, out_path: Path | None, as_json: bool, trace_pat
                    csv_path: Path | None, inputs: list[Path], force: bool) -> tuple[Path | None, ...]:
     """The (dashboard, trace, csv) paths to write, each checked by :func:`check_output_path`."""
     html_path = out_path or (None if as_json else Path(st.scenario.out or "simtrain-compare.html"))
-    for path, flag, suffix in ((html_path, "--out" if out_path else f"{st.source}: field 'out'", ".html"),
+    where = ("--out" if out_path else f"{st.source}: field 'out'" if st.scenario.out
+             else "the default dashboard (no --out given; --json writes none)")
+    for path, flag, suffix in ((html_path, where, ".html"),
                                (trace_path, "--trace", (".json", ".json.gz")), (csv_path, "--csv", ".csv")):
         if path is not None:
             check_output_path(path, flag, suffix, inputs, force)

@@ -216,9 +216,9 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
                   f"{gpn} GPUs, so the limit never binds; the result is that of no node limit")
     if parallel.tp > gpn:
         _warn(f"--tp {parallel.tp} > {gpn} GPUs per node of {hardware.name}: each TP group spans "
-              f"{math.ceil(parallel.tp / gpn)} nodes, so its all-gathers and reduce-scatters run over "
+              f"{math.ceil(parallel.tp / gpn)} nodes, so its collectives, on the critical path of every layer, run over "
               f"{hardware.inter_node.name} ({hardware.nic_bandwidth_per_gpu_bytes_per_s / 1e9:.0f} GB/s per GPU "
-              f"instead of {hardware.intra_node.bandwidth_bytes_per_s / 1e9:.0f} GB/s NVLink) and dominate the step")
+              f"instead of {hardware.intra_node.bandwidth_bytes_per_s / 1e9:.0f} GB/s NVLink); see exposed comm")
     elif gpn % parallel.tp:
         _warn(f"--tp {parallel.tp} does not divide the {gpn} GPUs per node of {hardware.name}: some TP groups "
               "straddle two nodes, and their collectives run over the inter-node network")

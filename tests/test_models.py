@@ -13,7 +13,8 @@ def test_all_presets_listed():
         "gpt3-175b", "llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x7b", "deepseek-v3"}
 
 
-@pytest.mark.parametrize("name", ["gpt3-175b", "llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x7b", "deepseek-v3"])
+@pytest.mark.parametrize("name", ["gpt3-175b", "llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x7b", "deepseek-v3",
+                                  "qwen3-30b-a3b", "qwen3-235b-a22b"])
 def test_total_params_within_1_percent(name):
     m = load_model(name)
     assert m.total_params == pytest.approx(m.published_total_params, rel=0.01)

@@ -92,6 +92,7 @@ def test_parameters_and_their_static_memory_sit_on_the_last_stage():
     both = b.static_bytes([0, 3])
     assert both == pytest.approx(b.static_bytes([0]) + b.static_bytes([3]) - V * H * b.static_bytes_per_param)
     assert b.held_params([0, 3]) == b.chunks[0].params + b.chunks[3].params - V * H
+    assert b.held_params([0, 3], trainable=True) == b.held_params([0, 3])  # nothing frozen here
     assert b.optimizer_s([0, 3]) < b.optimizer_s([0]) + b.optimizer_s([3])
 
 

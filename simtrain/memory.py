@@ -96,8 +96,8 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
     for rank in range(schedule.num_ranks):
         held = sorted({schedule.chunk_of(s) for s in schedule.stages_of(rank)})
         static, buffers = costs.static_bytes(held), costs.recv_buffer_bytes(held)
-        params = sum(costs.chunks[c].params for c in held)
-        trainable = params - sum(costs.chunks[c].frozen_params for c in held)  # frozen weights have no gradient
+        params = costs.held_params(held)
+        trainable = costs.held_params(held, trainable=True)  # frozen weights have no gradient
         per = costs.static_parts_per_param or (costs.grad_bytes_per_param,) * 2
         weights, grads = params * per[0], trainable * per[1]
         peak, t = _first_peak(mem, rank)

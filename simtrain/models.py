@@ -99,6 +99,12 @@ class ModelSpec(_Strict):
         dropout: the model trains with dropout (adds dropout masks to stored activations).
         mla: multi-head latent attention instead of standard attention (DeepSeek), see MLASpec.
         moe: the MoE FFN, if any.
+        mtp_depth: multi-token-prediction modules D (DeepSeek-V3 report, arXiv:2412.19437, §2.2;
+            HF ``num_nextn_predict_layers``, 1 for DeepSeek-V3): each predicts one more future token
+            through its own RMSNorms, projection and Transformer block and the shared embedding and
+            output head (:meth:`mtp_module_params`); 0: none. Trained with the model, so priced
+            in compute, memory and MFU (:mod:`simtrain.costs.mtp`); not in ``total_params``. At most
+            64 (published models use 1 to 4; above it a value can only be a typo).
         published_total_params, published_active_params: the authors' figures, for tests.
     """
 
@@ -123,6 +129,7 @@ class ModelSpec(_Strict):
     dropout: bool = False
     mla: MLASpec | None = None
     moe: MoESpec | None = None
+    mtp_depth: int = Field(default=0, ge=0, le=64)
     published_total_params: float | None = Field(default=None, gt=0, le=1e16)
     published_active_params: float | None = Field(default=None, gt=0, le=1e16)
 
@@ -239,9 +246,38 @@ class ModelSpec(_Strict):
         head = 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
         return self.norm_params(self.hidden_size) + head
 
+    def mtp_layer(self, depth: int) -> int:
+        """Layer index of the Transformer block of MTP module ``depth`` (0-based): ``num_layers +
+        depth``, as DeepSeek-V3's checkpoint numbers it (``model.layers.61``). The block is of the
+        kind of the deepest layers (an MoE layer in DeepSeek-V3, §2.2: "one Transformer block")."""
+        return self.num_layers + depth
+
+    def mtp_module_params(self, depth: int = 0) -> int:
+        """Parameters of MTP module ``depth`` that the main model does not share: the RMSNorms of the
+        previous depth's hidden state and of the token embedding, the projection ``M_k`` of their
+        concatenation (2h -> h, no bias), the Transformer block and the shared head's own final
+        RMSNorm; the embedding and the output matrix are the main model's (DeepSeek-V3 §2.2, Eq. 21-23;
+        module layout: vLLM ``vllm/model_executor/models/deepseek_mtp.py``,
+        ``DeepSeekMultiTokenPredictorLayer``: ``enorm``, ``hnorm``, ``eh_proj``, ``mtp_block``,
+        ``shared_head.norm``)."""
+        h = self.hidden_size
+        return 3 * self.norm_params(h) + 2 * h * h + self.layer_params(self.mtp_layer(depth))
+
+    @property
+    def mtp_params(self) -> int:
+        """Parameters of all ``mtp_depth`` MTP modules (0 without MTP), not counted in ``total_params``."""
+        return sum(self.mtp_module_params(d) for d in range(self.mtp_depth))
+
+    @property
+    def last_stage_embedding(self) -> bool:
+        """Whether the stage holding the LM head needs the input embedding matrix too: tied
+        embeddings (the head is that matrix) or MTP (its modules embed the next tokens, §2.2)."""
+        return self.tied_embeddings or self.mtp_depth > 0
+
     @property
     def total_params(self) -> int:
-        """All parameters of the model."""
+        """All parameters of the main model (MTP modules excluded, as DeepSeek-V3's 671B; see
+        :attr:`mtp_params`)."""
         return (
             self.embedding_params()
             + sum(self.layer_params(i) for i in range(self.num_layers))

@@ -146,6 +146,7 @@ def test_fp8_activation_cache_stores_linear_inputs_in_one_byte_and_a_scale(name,
     for a, b in zip(base.chunks, fp8.chunks):
         gemms = [linear_layers(model, layer) for layer in a.layers]
         inputs = sum(sum(k * mult for k, _n, mult in g) for g in gemms)
+        inputs += 2 * model.hidden_size * model.mtp_depth if a.has_head else 0  # MTP projections' inputs
         shared = model.hidden_size if model.mla is not None else 0  # q/kv down projections read one x
         assert a.weight_grad_bytes - b.weight_grad_bytes == pytest.approx(saved * inputs * s / tp)
         extra = 0.0 if sp else saved * 2 * model.hidden_size * (1 - 1 / tp) * len(a.layers)  # replicated inputs

@@ -40,6 +40,10 @@ layers go to the middle stages first, since the first stage also holds the embed
 the LM head and loss (the Llama 3 405B layout: 126 layers on 16 stages gives 7 layers to the first
 and last stage and 8 to the others, Dubey et al. 2024 §3.3.2).
 
+Multi-token prediction (``ModelSpec.mtp_depth``, DeepSeek-V3 §2.2): the MTP modules sit on the last
+stage, their Transformer blocks as its layers ``num_layers + d`` and their norms, projection and
+shared head as its own terms (:mod:`~simtrain.costs.mtp`).
+
 Expert parallelism (ep > 1) is modelled in :mod:`simtrain.moe`: routed experts sharded over EP
 instead of TP, the all-to-all bytes, and each MoE chunk cut into segments around its MoE blocks
 (``ChunkCost.moe``).

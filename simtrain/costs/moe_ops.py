@@ -37,7 +37,8 @@ router ``2 T h E``, shared ``2 x 3 h f s`` per token (SwiGLU), routed ``k x 2 x 
 :func:`moe_chunk` cuts a chunk's operators into the segments of :class:`simtrain.moe.MoEChunkCost`
 (compute up to each MoE block; the block's dispatch and combine are the flat model's, untouched):
 permute ends the segment before a block, unpermute starts the one after, the embedding joins the
-first segment and the head, gradient accumulation and the ``launch`` row the last.
+first segment, an MTP module's input operators (:mod:`simtrain.costs.mtp`) the segment ending at its
+block, and the heads, gradient accumulation and the ``launch`` row the last.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from ..errors import SimtrainError
 from ..moe import MoEChunkCost, Segment
 from .ep_sms import bound_fractions
 from .fp8 import fp8_cast
+from .mtp import MTP_INPUT, is_mtp_layer
 from .recompute import FULL
 
 ATTENTION_FFN = ("router", "ffn_up", "ffn_down", "activation")
@@ -169,8 +171,9 @@ def _sums(ops, ctx, rerun: bool = True) -> tuple[float, float, float, float, flo
 
 
 def _per_chunk(name: str) -> bool:
-    """Whether breakdown row ``name`` is not a transformer layer's (embedding, head, per-chunk rows)."""
-    return name in ("embedding", "grad_accum", "launch") or name.startswith("head:")
+    """Whether breakdown row ``name`` is not a transformer layer's (embedding, head, MTP modules'
+    own operators, per-chunk rows)."""
+    return name in ("embedding", "grad_accum", "launch") or name.startswith(("head:", "mtp:"))
 
 
 def moe_chunk(ctx, chunk, cache: dict, breakdown: list) -> MoEChunkCost:
@@ -189,11 +192,17 @@ def moe_chunk(ctx, chunk, cache: dict, breakdown: list) -> MoEChunkCost:
         The segments; their F, I, W (:func:`moe_totals`) equal the column sums of ``breakdown``.
     """
     first = _sums([o for o in breakdown if o.name == "embedding"], ctx, rerun=False)
-    tail = _sums([o for o in breakdown if _per_chunk(o.name) and o.name != "embedding"], ctx, rerun=False)
+    before = ("embedding", *MTP_INPUT)  # an MTP module's input operators precede its block
+    tail = _sums([o for o in breakdown if _per_chunk(o.name) and o.name not in before], ctx, rerun=False)
+    depth = ctx.model.mtp_depth
+    mtp_in = _sums([o.scaled(1 / depth) for o in breakdown if o.name in MTP_INPUT], ctx, rerun=False) \
+        if depth else (0.0,) * 5
     blocks = {b.layer: b for b in chunk.moe.blocks}
     full = FULL in ctx.recompute
     segments, acc, start = [], [], first
     for layer in chunk.layers:
+        if is_mtp_layer(ctx.model, layer):  # one module's projection, norms, embedding lookup
+            start = tuple(a + b for a, b in zip(start, mtp_in))
         if not ctx.model.is_moe_layer(layer):
             acc += cache[False]
             continue

@@ -49,6 +49,7 @@ from .fp8 import FP8_CAST, fp8_cast
 from .kernels import KernelRates, rates_for
 from .layers import linear_layers
 from .moe_ops import ATTENTION_FFN, check_moe, moe_chunk, moe_layer_ops
+from .mtp import mtp_ops
 from .recompute import (ALIASES, ATTENTION_CORE, EVERY_SECOND_MM, FULL, LAYER_OPS, LINEAR_OPS,  # noqa: F401
                         _EVERY_SECOND_MM_RERUNS, _second_mms, check_present, parse_recompute,
                         stored_reduction)
@@ -317,6 +318,7 @@ def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has
     if has_head:
         ops += _head_ops(ctx)
     ops = [o if o.name in rows else dataclasses.replace(o, kernels=_kernels(o.name)) for o in ops]
+    ops += mtp_ops(ctx) if has_head else []  # the MTP modules' own operators (simtrain.costs.mtp)
     if ctx.parallel.lora_rank:  # the embedding and the LM head are frozen under LoRA
         ops = [o if o.name in rows else without_weight_pass(o) for o in ops]
     rerun = [o for o in ops if o.name in ctx.recompute or (FULL in ctx.recompute and o.name in rows)]

@@ -186,15 +186,18 @@ class _Sums:
         self.gemm_s = tuple(a + b for a, b in zip(self.gemm_s, t.gemm_s))
 
 
-def _add_head(sums: _Sums, st: _Setting) -> None:
-    """The LM head and loss: parameters (and the last stage's own copy of a tied matrix), the
-    head GEMM, the final norm and the fp32 softmax cross-entropy (F 2v, backward 3v), and what
-    they store: norm and head input, fp32 logits (Korthikanti et al. 2022 §4.3). Under LoRA the
-    head is frozen: no W, no gradient (:mod:`simtrain.costs.trainable`)."""
+def _add_head(sums: _Sums, st: _Setting, matrix: bool = True) -> None:
+    """The LM head and loss: parameters (and the last stage's own copy of the input embedding when
+    it needs one, :attr:`~simtrain.models.ModelSpec.last_stage_embedding`), the head GEMM, the
+    final norm and the fp32 softmax cross-entropy (F 2v, backward 3v), and what they store: norm
+    and head input, fp32 logits (Korthikanti et al. 2022 §4.3). Under LoRA the head is frozen: no
+    W, no gradient (:mod:`simtrain.costs.trainable`). ``matrix=False``: an MTP module's shared
+    head (:mod:`simtrain.costs.mtp`), whose only own parameters are its final norm's."""
     model, tokens, elem, tp, hw = st.model, st.tokens, st.elem, st.parallel.tp, st.hardware
     h, v = model.hidden_size, model.vocab_size
     frozen = st.parallel.lora_rank > 0
-    params = model.head_params() / tp + (v * h / tp if model.tied_embeddings and st.num_chunks > 1 else 0.0)
+    copy = v * h / tp if model.last_stage_embedding and st.num_chunks > 1 else 0.0
+    params = model.head_params() / tp + copy if matrix else model.norm_params(h) / tp
     sums.params += params
     sums.frozen_params += params if frozen else 0.0
     sums.gemm += 2 * h * v / tp * tokens
@@ -211,6 +214,33 @@ def _add_head(sums: _Sums, st: _Setting) -> None:
     sums.act += tokens * kept
     stored = tokens * kept if st.parallel.w_pending == "autograd" else tokens * h * elem
     sums.w += 0.0 if frozen else stored + tokens * v / tp * elem
+
+
+def _add_mtp(sums: _Sums, st: _Setting) -> None:
+    """The MTP modules' own operators on the last chunk (their Transformer blocks are layers of the
+    chunk, :func:`stage_costs`): per module the RMSNorms of the hidden state and of the embedding,
+    the projection of their concatenation (2h -> h) and the shared head (:func:`_add_head` without
+    its matrix); formulas and sources: :mod:`simtrain.costs.mtp`. In the flat model's MoE segments
+    (:func:`simtrain.moe.chunk_cost`) the projection joins the heads in the last segment (the
+    per-operator model puts it before its block, :func:`simtrain.costs.moe_ops.moe_chunk`)."""
+    model, tokens, elem, tp, par = st.model, st.tokens, st.elem, st.parallel.tp, st.parallel
+    h, frozen = model.hidden_size, par.lora_rank > 0
+    cache = FP8_CACHE_BYTES if par.activation_cache == "fp8" else elem
+    proj = 2 * (2 * h) * h / tp * tokens
+    gf, gi, gw = gemm_seconds([(2 * h, h, 1.0)], tokens, tp, h, st.hardware, par.dtype)
+    ew_f = elementwise_s(dict(norm=tokens * 2 * 2 * h * elem / tp), st.hardware)
+    ew_b = elementwise_s(dict(norm=tokens * 2 * 3 * h * elem / tp), st.hardware)
+    for d in range(model.mtp_depth):
+        params = (2 * model.norm_params(h) + 2 * h * h) / tp  # enorm, hnorm, projection (head norm: _add_head)
+        sums.params += params
+        sums.frozen_params += params if frozen else 0.0
+        sums.gemm += proj
+        sums.w_gemm += 0.0 if frozen else proj
+        sums.f_s, sums.i_s = sums.f_s + gf + ew_f, sums.i_s + gi + ew_b
+        sums.w_s += 0.0 if frozen else gw
+        sums.act += tokens * (2 * h * elem + 2 * h * cache) / tp  # the norms' inputs, the projection's input
+        sums.w += 0.0 if frozen else tokens * (2 * h * cache + h * elem) / tp  # its input, its output gradient
+        _add_head(sums, st, matrix=False)
 
 
 def _pp_buffers(st: _Setting, p2p: float, layers: tuple[int, ...], first: bool, last: bool) -> StageBuffers:
@@ -238,10 +268,13 @@ def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
         sums.frozen_params += model.embedding_params() / tp if parallel.lora_rank else 0.0
     if has_head:
         _add_head(sums, st)
+        _add_mtp(sums, st)
     sums.w_s += elementwise_s(dict(add=st.accumulate * (sums.params - sums.frozen_params)), st.hardware)
     tp_f = Collective(st.tp_op, "tp", st.hidden_bytes, repeat=st.tp_per_layer * len(layers))
     tp_b = replace(tp_f, repeat=tp_f.repeat * (2 if parallel.recompute == "full" else 1))
-    head_flops = 2 * model.hidden_size * model.vocab_size / tp * st.tokens if has_head else 0.0
+    h, heads = model.hidden_size, 1 + model.mtp_depth  # the LM head, each MTP module's head and projection
+    head_flops = heads * 2 * h * model.vocab_size / tp * st.tokens + model.mtp_depth * 4 * h * h / tp * st.tokens \
+        if has_head else 0.0
     moe = chunk_cost(model, parallel, st.hardware, sums.layer_flops, head_flops)
     extra_f, extra_i, extra_w = imbalance_extra_s(moe, parallel.expert_imbalance)
     slow = st.slow
@@ -274,7 +307,9 @@ def stage_costs(
     hardware: HardwareProfile,
     num_chunks: int,
 ) -> StageCosts:
-    """Per-chunk costs of ``model`` cut into ``num_chunks`` pipeline stages.
+    """Per-chunk costs of ``model`` cut into ``num_chunks`` pipeline stages; the last chunk also
+    holds the MTP modules (``model.mtp_depth``; their blocks as layers ``num_layers + d``, after
+    the main model's: DeepSeek-V3 §3.2.3 puts them with the output head, :mod:`simtrain.costs.mtp`).
 
     Args:
         model: the transformer.
@@ -315,8 +350,9 @@ def stage_costs(
         tp_op=tp_op, tp_per_layer=tp_per_layer,
     )
     chunks, first = [], 0
+    mtp = tuple(model.mtp_layer(d) for d in range(model.mtp_depth))  # MTP blocks: on the last chunk
     for c, n in enumerate(split_layers(model.num_layers, num_chunks)):
-        chunks.append(_chunk(st, c, tuple(range(first, first + n))))
+        chunks.append(_chunk(st, c, tuple(range(first, first + n)) + (mtp if c == num_chunks - 1 else ())))
         first += n
     optimizer_bytes = 12 if elem == 2 else 8
     optimizer_rate = hardware.optimizer_bytes_per_s or hardware.hbm_bandwidth_bytes_per_s
@@ -340,7 +376,8 @@ def stage_costs(
         expert_static_bytes_per_param=sum(expert_parts),
         expert_optimizer_s_per_param=OPTIMIZER_BYTES_PER_PARAM / expert_shard / optimizer_rate,
         tied_embedding_params=model.vocab_size * model.hidden_size / tp
-        if model.tied_embeddings and num_chunks > 1 else 0.0,
+        if model.last_stage_embedding and num_chunks > 1 else 0.0,
+        tied_embedding_frozen=parallel.lora_rank > 0,
         grad_reduce_bytes=kept,
         lazy_grad_bytes_per_param=parts[1] if parallel.grad_allocation == "first-backward" else 0.0,
     )

@@ -182,8 +182,11 @@ class StageCosts:
             parameters, whose optimizer states ZeRO-1 shards over the expert-DP group (None: as
             for the other parameters).
         tied_embedding_params: parameters per GPU of a word-embedding matrix that the first and
-            the last chunk both hold (tied embeddings with more than one chunk), whose gradients
-            the two all-reduce every step; 0 when untied.
+            the last chunk both hold (tied embeddings, or MTP modules embedding the next tokens,
+            with more than one chunk), whose gradients the two all-reduce every step; 0 when the
+            last chunk needs no copy. A rank holding both chunks (DualPipe, V-shape schedules)
+            keeps one physical matrix (DeepSeek-V3 §3.2.3): counted once (:meth:`held_params`).
+        tied_embedding_frozen: that matrix is frozen (LoRA).
         frozen_static_bytes_per_param: bytes per frozen parameter (the weight alone; sharded
             under ZeRO-3); frozen parameters take no optimizer time.
         lazy_grad_bytes_per_param: gradient bytes per trainable parameter held from the start of
@@ -203,6 +206,7 @@ class StageCosts:
     expert_static_bytes_per_param: float | None = None
     expert_optimizer_s_per_param: float | None = None
     tied_embedding_params: float = 0.0
+    tied_embedding_frozen: bool = False
     frozen_static_bytes_per_param: float = 0.0
     static_parts_per_param: tuple[float, float, float] | None = None
     optimizer_temp_bytes_per_param: float = 0.0
@@ -229,11 +233,28 @@ class StageCosts:
         """Bytes per parameter that the DP gradient reduction and the tied-embedding sync move."""
         return self.grad_bytes_per_param if self.grad_reduce_bytes is None else self.grad_reduce_bytes
 
+    def _shared_copy(self, chunks) -> float:
+        """Parameters of ``chunks`` counted twice: the last chunk's copy of the embedding matrix when
+        the first chunk is among them too (one matrix on the rank, DeepSeek-V3 §3.2.3); else 0."""
+        last = len(self.chunks) - 1
+        held = set(chunks)
+        return self.tied_embedding_params if last > 0 and 0 in held and last in held else 0.0
+
+    def held_params(self, chunks: set[int] | list[int], trainable: bool = False) -> float:
+        """Parameters one GPU holds for ``chunks`` (a shared embedding matrix counted once);
+        ``trainable``: only those that have gradients (frozen ones left out)."""
+        copy = self._shared_copy(chunks)
+        if trainable:
+            return sum(self.chunks[c].params - self.chunks[c].frozen_params for c in chunks) \
+                - (0.0 if self.tied_embedding_frozen else copy)
+        return sum(self.chunks[c].params for c in chunks) - copy
+
     def _per_param(self, chunks, dense_rate: float, expert_rate: float | None, frozen_rate: float = 0.0) -> float:
         """Sum over ``chunks`` of trainable dense parameters x ``dense_rate`` + routed-expert
-        parameters x ``expert_rate`` (``dense_rate`` when None) + frozen ones x ``frozen_rate``."""
+        parameters x ``expert_rate`` (``dense_rate`` when None) + frozen ones x ``frozen_rate``
+        (a shared embedding matrix counted once)."""
         expert_rate = dense_rate if expert_rate is None else expert_rate
-        total = 0.0
+        total = -self._shared_copy(chunks) * (frozen_rate if self.tied_embedding_frozen else dense_rate)
         for c in chunks:
             ch = self.chunks[c]
             total += (ch.params - ch.expert_params - ch.frozen_params) * dense_rate + ch.expert_params * expert_rate

@@ -174,8 +174,8 @@ def _deepseek_v3(f: _Fields) -> dict[str, Any]:
     """DeepSeek-V3 (arXiv:2412.19437 §2.1): MLA with ``q_lora_rank``/``kv_lora_rank``; layer i is MoE
     when ``i >= first_k_dense_replace`` and ``i % moe_layer_freq == 0``, with ``n_shared_experts``
     shared and ``n_routed_experts`` routed experts of ``moe_intermediate_size``; ``topk_method``
-    ``noaux_tc`` carries the per-expert routing bias of auxiliary-loss-free balancing (§2.1.2).
-    ``num_key_value_heads`` is unused by MLA."""
+    ``noaux_tc`` carries the per-expert routing bias of auxiliary-loss-free balancing (§2.1.2);
+    ``num_nextn_predict_layers`` is the MTP depth (§2.2). ``num_key_value_heads`` is unused by MLA."""
     spec = _llama_like(f)
     spec.pop("num_kv_heads")
     spec.pop("head_dim", None)
@@ -190,6 +190,7 @@ def _deepseek_v3(f: _Fields) -> dict[str, Any]:
                        expert_ffn_hidden_size=f.need("moe_intermediate_size"),
                        num_shared_experts=f.get("n_shared_experts", 0), first_dense_layers=first,
                        router_bias=f.get("topk_method", "greedy") == "noaux_tc")
+    spec["mtp_depth"] = f.get("num_nextn_predict_layers", 0)
     return spec
 
 
@@ -222,8 +223,6 @@ MAPPERS = {
 """``model_type`` -> mapping function; the families simtrain reads."""
 
 _NOT_SIMULATED = {
-    "num_nextn_predict_layers": "multi-token-prediction module: neither simulated nor counted in total_params "
-                                "(as DeepSeek-V3's 671B)",
     "sliding_window": "sliding-window attention: attention is simulated over the full sequence",
     "quantization_config": "stored weight format; choose the compute dtype with --dtype",
     "topk_group": "group-limited routing: give --node-limit for node-limited dispatch",

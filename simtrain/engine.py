@@ -22,9 +22,9 @@ The engine knows tasks, streams, resources and memory deltas, nothing about sche
 
 How it runs on SimPy: SimPy is the clock. Each task is a small state machine whose steps
 (:class:`_Run`) are dispatched by one loop: it waits for its dependencies, takes its resources,
-runs, ends. Only the run is a SimPy event (a delay, :class:`simtrain.sharing.Due`, whose
-callback is a list's ``append``); the steps that happen "now" go through a first-in-first-out
-lane drained whenever the next SimPy event lies in the future (:class:`simtrain.sharing.Clock`).
+runs, ends. Only the run is a SimPy event (a delay, :class:`simtrain.sharing.Due`, on the
+environment's event queue); the steps that happen "now" go through a first-in-first-out lane
+drained whenever the next SimPy event lies in the future (:class:`simtrain.sharing.Clock`).
 That is the order SimPy itself gives zero-delay events (by time, then scheduling order), so the
 trace is the same, step for step, as that of one generator process per stream yielding
 ``env.all_of(deps)``, a port request, ``env.timeout(duration)`` and a done event
@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simpy.core import EmptySchedule
+from heapq import heappop, heappush
+
 from simpy.events import NORMAL
 
 from .errors import SimtrainError
@@ -150,9 +151,11 @@ class _Run:
     releases the tasks waiting for it). These are the steps, in the same order, of the
     one-process-per-stream SimPy formulation (``yield env.all_of(deps)``,
     ``yield ports.acquire(...)``, ``yield env.timeout(d)``, ``done.succeed()``) without its
-    generators and condition events. :meth:`run` dispatches the steps itself, and a task's run
-    event calls back a list's ``append`` (no Python frame), so a task costs one SimPy event and
-    no Python call of the engine's own on the common path. Memory deltas are logged as task ids
+    generators and condition events. :meth:`run` dispatches the steps itself and does, inline,
+    what ``Environment.schedule`` and ``Environment.step`` do with a task's run event (push it on,
+    and pop it off, the environment's heap keyed by (time, priority, event id), setting the
+    environment's time; see :class:`simtrain.sharing.Clock`), so a task costs one SimPy event and
+    no Python call on the common path. Memory deltas are logged as task ids
     in the order they apply and turned into rows after the run (:meth:`memory_rows`).
     """
 
@@ -179,26 +182,29 @@ class _Run:
         steps due now are drained before the next SimPy event (nothing scheduled meanwhile is due
         now); a step that makes another due at once, with nothing queued before, runs it at once."""
         clock, fifo, tasks, ports, pools = self.clock, self.fifo, self.tasks, self.ports, self.pools
-        popleft, push, peek, step, schedule = fifo.popleft, fifo.append, clock.env.peek, clock.env.step, clock.schedule
+        env, queue, eid = clock.env, clock.queue, clock.eid
+        popleft, push = fifo.popleft, fifo.append
         processed, waiters, pending, nexts = self.processed, self.waiters, self.pending, self.next_in_stream
         start_s, end_s, ended, mem_log = self.start_s, self.end_s, self.order.append, self.mem_log.append
-        busy, wait, grant, queues, due = ports.busy, ports.wait, ports.grant, ports.queues, clock.due
+        busy, wait, grant, queues, callbacks = ports.busy, ports.wait, ports.grant, ports.queues, clock.callbacks
         now, events = 0.0, 0
         while True:
             if fifo:
                 code, tid = popleft()
             else:  # the next SimPy event (nothing is due before it), and any due at the same time
-                try:
-                    step()
-                except EmptySchedule:
+                if not queue:
                     break
-                event = due.pop()
-                now = event.due
-                if peek() != now:  # the only one due now (most often): its step at once
+                now, _, _, event = heappop(queue)  # what Environment.step does but call back
+                env._now = now
+                if not queue or queue[0][0] != now:  # the only one due now (most often): its step at once
                     events += 1
                     code, tid = event.step
-                else:
-                    events += self._all_due(event)
+                else:  # every event due now, in SimPy's order, then their steps in that order
+                    push(event.step)
+                    while queue and queue[0][0] == now:
+                        push(heappop(queue)[3].step)
+                        events += 1
+                    events += 1
                     code, tid = popleft()
             while True:  # the step, then the step it makes due at once, if any
                 if code == STEP_ENDED:  # release the tasks whose last dependency it was
@@ -248,8 +254,8 @@ class _Run:
                             push((STEP_FINISH, tid))
                         else:
                             run = Due()
-                            run.callbacks, run.due, run.step = clock.callbacks, now + duration, (STEP_FINISH, tid)
-                            schedule(run, NORMAL, duration)
+                            run.callbacks, run.step = callbacks, (STEP_FINISH, tid)
+                            heappush(queue, (now + duration, NORMAL, next(eid), run))  # Environment.schedule
                         break
                     code = STEP_FINISH
                 if code == STEP_FINISH:  # it ends, frees its resources, its stream goes on
@@ -263,29 +269,20 @@ class _Run:
                             grant(resources)
                     end_s[tid] = now
                     ended(tid)
+                    following = nexts[tid]
+                    if following < 0:
+                        if fifo:
+                            push((STEP_ENDED, tid))
+                            break
+                        code = STEP_ENDED  # (nothing queued before it: its end is processed now)
+                        continue
                     push((STEP_ENDED, tid))
-                    tid = nexts[tid]
-                    if tid < 0:
-                        break
-                    code = STEP_BEGIN
+                    code, tid = STEP_BEGIN, following
                     continue
                 clock.now = now
                 code(tid)  # a processor pool's step
                 break
         self.events = events
-
-    def _all_due(self, first: Due) -> int:
-        """``first`` was processed and more SimPy events are due at its time: process them all,
-        queue the steps of ``first`` and of them, in SimPy's order (each step's own effects then
-        come before what it makes due, as when processed one by one), and return their count."""
-        clock, due = self.clock, self.clock.due
-        self.fifo.append(first.step)
-        while clock.env.peek() == first.due:
-            clock.env.step()
-        count = 1 + len(due)
-        self.fifo.extend(map(_step_of, due))
-        due.clear()
-        return count
 
     def memory_rows(self) -> list[tuple[int, float, float]]:
         """Each rank's memory ``(rank, time_s, bytes)`` at time 0 and after every change, in the

@@ -32,15 +32,19 @@ class Clock:
     the future. So each task costs one SimPy event (its run, a delayed event on the environment)
     and the trace is the same, step for step, as with one SimPy event per step.
 
-    A SimPy event here is a :class:`Due` carrying a step; processing it only appends it to
-    :attr:`due` (SimPy calls the list's ``append``: no Python frame, no side effect), so every
-    event due at one time can be processed first and its steps taken in the order SimPy
-    processed them.
+    A SimPy event here is a :class:`Due` carrying a step. The engine pushes and pops them on
+    the environment's own event heap (:attr:`queue`, entries ``(time, priority, event id,
+    event)`` with ids from :attr:`eid`) exactly as ``Environment.schedule`` and
+    ``Environment.step`` do (simpy 4.1 ``core.py``), setting the environment's time when it pops
+    one, and takes the event's step instead of calling its callbacks: the same events in the
+    same order without two Python calls per event. Processed by SimPy itself
+    (``env.step()``), a :class:`Due` only appends itself to :attr:`due`.
 
     Attributes:
         env: the SimPy environment (its events are the runs of tasks and pool wake-ups).
+        queue, eid: the environment's event heap and event-id counter.
         fifo: the steps due now, ``(code, arg)`` pairs (see the module docstring).
-        due: the events SimPy processed whose steps are not taken yet, in order.
+        due: the events SimPy itself processed (``env.step()``), in order.
         callbacks: the callbacks of every :class:`Due` (SimPy drops an event's list, never
             changes it, so one list serves all).
         now: the environment's time (seconds), kept here so that hot paths read an attribute.
@@ -51,7 +55,7 @@ class Clock:
         self.fifo: deque = deque()
         self.due: list[Due] = []
         self.callbacks = [self.due.append]
-        self.schedule = self.env.schedule
+        self.queue, self.eid = self.env._queue, self.env._eid  # what Environment.schedule and step use
         self.now = 0.0
 
     def after(self, delay_s: float, step: tuple) -> None:
@@ -61,17 +65,16 @@ class Clock:
             self.fifo.append(step)
         else:
             event = Due()
-            event.callbacks, event.due, event.step = self.callbacks, self.now + delay_s, step
-            self.schedule(event, NORMAL, delay_s)
+            event.callbacks, event.step = self.callbacks, step
+            self.env.schedule(event, NORMAL, delay_s)
 
 
 class Due:
     """A bare SimPy event (what :meth:`simpy.Environment.step` reads: ``callbacks``, ``_ok``)
-    carrying the ``step`` it makes due when SimPy processes it at ``due`` seconds (the time SimPy
-    computes for it, ``now + delay``). Made without ``__init__`` and
+    carrying the ``step`` it makes due when it is processed. Made without ``__init__`` and
     filled attribute by attribute: the engine makes one per task."""
 
-    __slots__ = ("callbacks", "due", "step")
+    __slots__ = ("callbacks", "step")
     _ok = True
 
 
@@ -130,7 +133,18 @@ class Ports:
         if not waiting:
             return
         push, last = self.clock.fifo.append, 0
-        for seq, wanted, tid in waiting[0] if len(waiting) == 1 else heapq.merge(*waiting):
+        if len(waiting) == 1:
+            candidates = waiting[0]
+        else:  # try the oldest candidate first: most often it takes every freed resource again
+            seq, wanted, tid = min([queue[0] for queue in waiting])
+            if busy.isdisjoint(wanted):
+                busy.update(wanted)
+                granted.add(seq)
+                push((STEP_START, tid))
+                if busy.issuperset(names):
+                    return
+            candidates = heapq.merge(*waiting)  # (tried again in order: granted, or still waiting)
+        for seq, wanted, tid in candidates:
             if seq == last or seq in granted:  # in two of the queues, or granted before
                 continue
             last = seq

@@ -52,7 +52,7 @@ from simpy.events import NORMAL
 
 from .errors import SimtrainError
 from .sharing import STEP_BEGIN, STEP_ENDED, STEP_FINISH, STEP_START, STEP_TAKE, Clock, Due, Ports, SharedProcessors
-from .trace import TRACE_COLUMNS, Trace, _objects
+from .trace import Trace
 
 _step_of = attrgetter("step")
 
@@ -177,8 +177,23 @@ class _Run:
         self.end_s = [0.0] * n
         self.events = 0  # SimPy events processed (every scheduled one is, the run goes to the end)
 
+    def begin(self, tids: list[int]) -> None:
+        """Queue the first steps, ``STEP_BEGIN`` of each task of ``tids`` in order (before
+        :meth:`run`). Up to the first task without dependencies, nothing can have ended when
+        they are taken, so each of those tasks waits for every one of its dependencies at once,
+        here; the rest are queued."""
+        tasks, waiters, pending = self.tasks, self.waiters, self.pending
+        for i, tid in enumerate(tids):
+            deps = tasks[tid].deps
+            if not deps:
+                self.fifo.extend((STEP_BEGIN, t) for t in tids[i:])
+                return
+            pending[tid] = len(deps)
+            for d in deps:
+                waiters[d].append(tid)
+
     def run(self) -> None:
-        """Run the queued steps (``STEP_BEGIN`` of the tasks that begin) until nothing is left: the
+        """Run the queued steps (those :meth:`begin` queued) until nothing is left: the
         steps due now are drained before the next SimPy event (nothing scheduled meanwhile is due
         now); a step that makes another due at once, with nothing queued before, runs it at once."""
         clock, fifo, tasks, ports, pools = self.clock, self.fifo, self.tasks, self.ports, self.pools
@@ -324,7 +339,7 @@ def _simulate(graph: TaskGraph) -> Trace:
     tasks = graph.tasks
     columns = _task_columns(tasks)
     starts = _link_streams(columns["rank"], columns["stream"], run.next_in_stream)
-    run.fifo.extend((STEP_BEGIN, tid) for tid in starts)
+    run.begin(starts)
     run.run()
     if len(run.order) < len(tasks):
         ended = set(run.order)
@@ -378,10 +393,8 @@ def _trace(columns: dict[str, list], run: _Run) -> Trace:
     order = np.array(run.order, dtype=np.int64)
     ranks = np.array(columns["rank"], dtype=np.int64)
     rows = order[np.lexsort((ranks[order], np.array(run.start_s)[order]))]
-    table = {name: _objects(columns[name])[rows] for name in TRACE_COLUMNS if name in columns}
-    table["stream"] = _objects([s or "" for s in columns["stream"]])[rows]
-    table["start_s"], table["end_s"] = _objects(run.start_s)[rows], _objects(run.end_s)[rows]
-    return Trace(table={name: table[name] for name in TRACE_COLUMNS}, memory_rows=run.memory_rows(),
+    source = {**columns, "stream": [s or "" for s in columns["stream"]], "start_s": run.start_s, "end_s": run.end_s}
+    return Trace(source=source, order=rows, memory_rows=run.memory_rows(),
                  makespan_s=float(max(run.end_s, default=0.0)), events=len(rows), simpy_events=run.events)
 
 

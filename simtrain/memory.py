@@ -64,14 +64,15 @@ def _w_pending_at(split: dict[str, np.ndarray], rank: int, t: float, costs: Stag
                      if "I" in e and e["I"] <= t and not e.get("W", np.inf) <= t))
 
 
-def _before_first_backward(cols: dict[str, np.ndarray], rank: int, t: float, held: list[int],
+def _before_first_backward(backward: dict[str, np.ndarray], rank: int, t: float, held: list[int],
                            schedule: Schedule) -> list[int]:
     """The chunks of ``held`` none of whose B or W actions on ``rank`` has ended by ``t`` (its last
-    compute task): with ``grad_allocation: first-backward`` their gradients are not allocated yet."""
-    mine = ((cols["rank"] == rank) & (cols["category"] == "compute") & np.isin(cols["kind"], ("B", "W"))
-            & ~np.isnan(cols["stage"]))
+    compute task): with ``grad_allocation: first-backward`` their gradients are not allocated yet
+    (``backward``: the columns of the B and W compute tasks of a stage)."""
+    mine = backward["rank"] == rank
     ends: dict[tuple, float] = {}
-    for stage, mb, kind, end in zip(cols["stage"][mine], cols["microbatch"][mine], cols["kind"][mine], cols["end_s"][mine]):
+    for stage, mb, kind, end in zip(backward["stage"][mine], backward["microbatch"][mine], backward["kind"][mine],
+                                    backward["end_s"][mine]):
         ends[(int(stage), mb, kind)] = max(ends.get((int(stage), mb, kind), -np.inf), float(end))
     done = {schedule.chunk_of(stage) for (stage, _, _), end in ends.items() if end <= t}
     return [c for c in held if c not in done]
@@ -90,8 +91,12 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
         to its peak of the memory timeline plus the allocator reserve.
     """
     cols, mem = result.columns, result.memory_columns
-    keep = np.isin(cols["kind"], ("I", "W")) & ~np.isnan(cols["stage"])
+    staged = ~np.isnan(cols["stage"])
+    keep = np.isin(cols["kind"], ("I", "W")) & staged
     split = {name: cols[name][keep] for name in ("rank", "stage", "microbatch", "kind", "end_s")}
+    keep = (cols["category"] == "compute") & np.isin(cols["kind"], ("B", "W")) & staged
+    backward = {name: cols[name][keep] for name in ("rank", "stage", "microbatch", "kind", "end_s")}
+    optimizer = cols["kind"] == "OPT"
     rows = []
     for rank in range(schedule.num_ranks):
         held = sorted({schedule.chunk_of(s) for s in schedule.stages_of(rank)})
@@ -101,11 +106,11 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
         per = costs.static_parts_per_param or (costs.grad_bytes_per_param,) * 2
         weights, grads = params * per[0], trainable * per[1]
         peak, t = _first_peak(mem, rank)
-        unallocated = costs.lazy_grad_bytes(_before_first_backward(cols, rank, t, held, schedule))
+        unallocated = costs.lazy_grad_bytes(_before_first_backward(backward, rank, t, held, schedule))
         static, grads = static - unallocated, grads - unallocated
         dynamic = max(peak - static - buffers, 0.0)
         pending = min(_w_pending_at(split, rank, t, costs, schedule), dynamic)
-        stepping = (cols["rank"] == rank) & (cols["kind"] == "OPT") & (cols["start_s"] <= t) & (t < cols["end_s"])
+        stepping = (cols["rank"] == rank) & optimizer & (cols["start_s"] <= t) & (t < cols["end_s"])
         temp = min(costs.optimizer_temp_bytes(held), dynamic - pending) if stepping.any() else 0.0
         rows.append(dict(weights=weights, gradients=grads, optimizer_states=static - weights - grads + temp,
                          activations=dynamic - pending - temp, w_pending=pending, comm_buffers=buffers,

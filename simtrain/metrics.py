@@ -324,21 +324,24 @@ def link_utilisation(trace: Trace, num_ranks: int, step_s: float) -> dict[str, f
     if step_s <= 0:
         return {}
     cols = trace.columns
-    distinct: dict[str, int] = {}
-    code = np.array([distinct.setdefault(r if isinstance(r, str) else "", len(distinct))
-                     for r in cols["resources"].tolist()], dtype=np.int64)
-    times: dict[str, np.ndarray] = {}  # port kind -> how often each distinct entry holds one
+    distinct: dict = {}  # resources entry -> a code (a number of its first row; not a string: none held)
+    resources = cols["resources"].tolist()
+    code = np.fromiter(map(distinct.setdefault, resources, range(len(resources))), dtype=np.int64,
+                       count=len(resources))
+    times: dict[str, np.ndarray] = {}  # port kind -> how often each entry (by code) holds one
     for res, i in distinct.items():
-        for port, _rank in held_ports(res):
-            times.setdefault(port, np.zeros(len(distinct), np.int64))[i] += 1
+        for port, _rank in held_ports(res) if isinstance(res, str) else ():
+            times.setdefault(port, np.zeros(len(resources), np.int64))[i] += 1
     busy: dict[str, float] = {}
     for port, per_entry in times.items():
         count = per_entry[code]
         rows = np.repeat(np.flatnonzero(count), count[count > 0])  # table order, once per holding
-        total = 0.0
-        for start, end in zip(cols["start_s"][rows].tolist(), cols["end_s"][rows].tolist()):
-            total = total + end - start  # this order of additions is what the goldens pin
-        busy[port] = total
+        # ((0 + end) - start + end) - start ... in table order (the order the goldens pin), as one
+        # running sum over end, -start, end, -start, ...: add.accumulate adds one by one, and
+        # a - b is a + (-b) exactly in IEEE 754
+        terms = np.empty(2 * len(rows))
+        terms[0::2], terms[1::2] = cols["end_s"][rows], -cols["start_s"][rows]
+        busy[port] = float(np.add.accumulate(terms)[-1]) if len(rows) else 0.0
     return {k: v / (num_ranks * step_s) for k, v in sorted(busy.items())}
 
 

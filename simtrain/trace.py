@@ -59,22 +59,26 @@ object arrays."""
 class Trace:
     """One step's tasks, memory timeline and makespan.
 
-    Build it with :meth:`from_rows` or :meth:`from_columns`.
+    Build it with :meth:`from_rows` or :meth:`from_columns` (the engine gives its columns in
+    task order and the order of the rows, so that each table is built only when it is asked for).
 
     Attributes:
-        table: the tasks table, one 1-D object array per :data:`TRACE_COLUMNS` name holding the
-            values as given (ints, floats, strings, None), rows sorted by (start_s, rank).
+        source: one equally long sequence per :data:`TRACE_COLUMNS` name, the values as given
+            (ints, floats, strings, None), in any order of rows.
+        order: the tasks table's rows as indices into ``source``, sorted by (start_s, rank); None
+            when ``source`` is in that order already.
         memory_rows: ``(rank, time_s, bytes)`` tuples in the order the changes happened.
         makespan_s: end of the last task (0 for an empty step).
         events: number of tasks executed (engine events, for benchmarks).
         simpy_events: number of SimPy events the run scheduled (benchmarks; 0 when not simulated).
     """
 
-    table: dict[str, np.ndarray] = field(repr=False)
+    source: dict[str, Sequence] = field(repr=False)
     memory_rows: list[tuple] = field(repr=False)
     makespan_s: float
     events: int
     simpy_events: int = 0
+    order: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
     def from_columns(cls, columns: dict[str, Sequence], memory_rows: list[tuple], simpy_events: int = 0) -> Trace:
@@ -99,9 +103,21 @@ class Trace:
         if n:
             order = np.lexsort((table["rank"].astype(np.int64), table["start_s"].astype(float)))  # stable
             table = {name: col[order] for name, col in table.items()}
-        return cls(table=table, memory_rows=list(memory_rows),
+        return cls(source=table, memory_rows=list(memory_rows),
                    makespan_s=float(table["end_s"].astype(float).max()) if n else 0.0,
                    events=n, simpy_events=simpy_events)
+
+    @cached_property
+    def table(self) -> dict[str, np.ndarray]:
+        """The tasks table, one 1-D object array per :data:`TRACE_COLUMNS` name holding the values
+        as given (ints, floats, strings, None), rows sorted by (start_s, rank)."""
+        return {name: self._column(name, object) for name in TRACE_COLUMNS}
+
+    def _column(self, name: str, dtype: type) -> np.ndarray:
+        """Column ``name`` of the tasks table as a ``dtype`` array (``object``: the values themselves)."""
+        values = self.source[name]
+        col = _objects(values) if dtype is object else np.array(values, dtype=dtype)
+        return col if self.order is None else col[self.order]
 
     @classmethod
     def from_rows(cls, task_rows: list[tuple], memory_rows: list[tuple], simpy_events: int = 0) -> Trace:
@@ -115,7 +131,7 @@ class Trace:
         """The tasks table as typed numpy arrays, one per :data:`TRACE_COLUMNS` name, in row
         order: ``rank`` int64; ``stage``, ``microbatch``, ``start_s``, ``end_s``, ``bytes`` and
         ``peer`` float64 (NaN where none); the text columns object arrays."""
-        return {name: col.astype(_NUMERIC[name]) if name in _NUMERIC else col for name, col in self.table.items()}
+        return {name: self._column(name, _NUMERIC.get(name, object)) for name in TRACE_COLUMNS}
 
     @cached_property
     def rows(self) -> list[tuple]:

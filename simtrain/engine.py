@@ -202,34 +202,33 @@ class _Run:
         processed, waiters, pending, nexts = self.processed, self.waiters, self.pending, self.next_in_stream
         start_s, end_s, ended, mem_log = self.start_s, self.end_s, self.order.append, self.mem_log.append
         busy, wait, grant, queues, callbacks = ports.busy, ports.wait, ports.grant, ports.queues, clock.callbacks
-        now, events = 0.0, 0
+        BEGIN, TAKE, START, FINISH, ENDED, normal = STEP_BEGIN, STEP_TAKE, STEP_START, STEP_FINISH, STEP_ENDED, NORMAL
+        now = 0.0
         while True:
             if fifo:
                 code, tid = popleft()
             else:  # the next SimPy event (nothing is due before it), and any due at the same time
                 if not queue:
                     break
-                now, _, _, event = heappop(queue)  # what Environment.step does but call back
-                env._now = now
+                # what Environment.step does but call back (the environment's time is set where it
+                # is read: before a processor pool's step, which may schedule an event, and at the end)
+                now, _, _, event = heappop(queue)
                 if not queue or queue[0][0] != now:  # the only one due now (most often): its step at once
-                    events += 1
                     code, tid = event.step
                 else:  # every event due now, in SimPy's order, then their steps in that order
                     push(event.step)
                     while queue and queue[0][0] == now:
                         push(heappop(queue)[3].step)
-                        events += 1
-                    events += 1
                     code, tid = popleft()
             while True:  # the step, then the step it makes due at once, if any
-                if code == STEP_ENDED:  # release the tasks whose last dependency it was
+                if code == ENDED:  # release the tasks whose last dependency it was
                     processed[tid] = True
                     for w in waiters[tid]:
                         pending[w] -= 1
                         if not pending[w]:
-                            push((STEP_TAKE, w))
+                            push((TAKE, w))
                     break
-                if code == STEP_BEGIN:  # wait for the dependencies
+                if code == BEGIN:  # wait for the dependencies
                     deps = tasks[tid].deps
                     if deps:
                         left = 0
@@ -241,10 +240,10 @@ class _Run:
                             pending[tid] = left
                             break
                         if fifo:  # (with nothing queued the step would be the next one: run it now)
-                            push((STEP_TAKE, tid))
+                            push((TAKE, tid))
                             break
-                    code = STEP_TAKE
-                if code == STEP_TAKE:  # take the resources: at once if all are free, else queue
+                    code = TAKE
+                if code == TAKE:  # take the resources: at once if all are free, else queue
                     resources = tasks[tid].resources
                     if resources:
                         if not busy.isdisjoint(resources):
@@ -252,10 +251,10 @@ class _Run:
                             break
                         busy.update(resources)
                         if fifo:
-                            push((STEP_START, tid))
+                            push((START, tid))
                             break
-                    code = STEP_START
-                if code == STEP_START:
+                    code = START
+                if code == START:
                     task = tasks[tid]
                     start_s[tid] = now
                     if task.mem_start:
@@ -263,17 +262,17 @@ class _Run:
                     duration = task.duration_s
                     if duration > 0:
                         if task.pool is not None:
-                            clock.now = now
+                            clock.now = env._now = now
                             pools[task.pool].work(tid, duration)
                         elif now + duration == now:  # too small to move the clock: a step due now
-                            push((STEP_FINISH, tid))
+                            push((FINISH, tid))
                         else:
                             run = Due()
-                            run.callbacks, run.step = callbacks, (STEP_FINISH, tid)
-                            heappush(queue, (now + duration, NORMAL, next(eid), run))  # Environment.schedule
+                            run.callbacks, run.step = callbacks, (FINISH, tid)
+                            heappush(queue, (now + duration, normal, next(eid), run))  # Environment.schedule
                         break
-                    code = STEP_FINISH
-                if code == STEP_FINISH:  # it ends, frees its resources, its stream goes on
+                    code = FINISH
+                if code == FINISH:  # it ends, frees its resources, its stream goes on
                     task = tasks[tid]
                     if task.mem_end:
                         mem_log(~tid)
@@ -287,17 +286,18 @@ class _Run:
                     following = nexts[tid]
                     if following < 0:
                         if fifo:
-                            push((STEP_ENDED, tid))
+                            push((ENDED, tid))
                             break
-                        code = STEP_ENDED  # (nothing queued before it: its end is processed now)
+                        code = ENDED  # (nothing queued before it: its end is processed now)
                         continue
-                    push((STEP_ENDED, tid))
-                    code, tid = STEP_BEGIN, following
+                    push((ENDED, tid))
+                    code, tid = BEGIN, following
                     continue
-                clock.now = now
+                clock.now = env._now = now
                 code(tid)  # a processor pool's step
                 break
-        self.events = events
+        env._now = now
+        self.events = next(eid)  # every event scheduled (ids count from 0) was processed: the queue is empty
 
     def memory_rows(self) -> list[tuple[int, float, float]]:
         """Each rank's memory ``(rank, time_s, bytes)`` at time 0 and after every change, in the

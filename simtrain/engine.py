@@ -213,13 +213,9 @@ class _Run:
                 # what Environment.step does but call back (the environment's time is set where it
                 # is read: before a processor pool's step, which may schedule an event, and at the end)
                 now, _, _, event = heappop(queue)
-                if not queue or queue[0][0] != now:  # the only one due now (most often): its step at once
-                    code, tid = event.step
-                else:  # every event due now, in SimPy's order, then their steps in that order
-                    push(event.step)
-                    while queue and queue[0][0] == now:
-                        push(heappop(queue)[3].step)
-                    code, tid = popleft()
+                code, tid = event.step  # its step now, the steps of the others due now queued after it
+                while queue and queue[0][0] == now:
+                    push(heappop(queue)[3].step)
             while True:  # the step, then the step it makes due at once, if any
                 if code == ENDED:  # release the tasks whose last dependency it was
                     processed[tid] = True

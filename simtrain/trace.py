@@ -14,9 +14,10 @@ The engine writes it, and metrics, viz, export, measured and overlay read it:
   beginning with its static memory at time 0;
 * the **makespan** (end of the last task, seconds).
 
-A :class:`Trace` keeps the tasks table as columns (object arrays of the values as given) and the
-memory table as rows; :attr:`Trace.columns` and :attr:`Trace.memory_columns` give them as typed
-numpy arrays (what :mod:`simtrain.metrics` reads, in time linear in the tasks), and
+A :class:`Trace` keeps the tasks table as source columns (the values as given, rows in any order)
+with the order of its rows, and the memory table as rows; :attr:`Trace.table` gives the tasks
+table as object arrays, :attr:`Trace.columns` and :attr:`Trace.memory_columns` as typed numpy
+arrays (what :mod:`simtrain.metrics` reads, in time linear in the tasks), and
 :attr:`Trace.tasks` and :attr:`Trace.memory` as pandas DataFrames (what viz and export read),
 each built on first use.
 

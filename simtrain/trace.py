@@ -116,8 +116,8 @@ class Trace:
 
     def _column(self, name: str, dtype: type) -> np.ndarray:
         """Column ``name`` of the tasks table as a ``dtype`` array (``object``: the values themselves)."""
-        values = self.source[name]
-        col = _objects(values) if dtype is object else np.array(values, dtype=dtype)
+        col = _objects(self.source[name])
+        col = col if dtype is object else col.astype(dtype)
         return col if self.order is None else col[self.order]
 
     @classmethod

@@ -84,3 +84,24 @@ def test_same_input_same_trace():
     a = run_schedule("1f1b", tiny_model(), hw, par).result.trace
     b = run_schedule("1f1b", tiny_model(), hw, par).result.trace
     assert a.equals(b)
+
+
+def test_engine_trace_equals_the_same_rows_given_to_the_trace():
+    """The engine's trace, built lazily from its columns in task order and its order of rows,
+    holds the same tables (values and types) as Trace.from_rows given its rows."""
+    import numpy as np
+
+    from simtrain.trace import TRACE_COLUMNS, Trace
+
+    hw = load_profile("h100-sxm")
+    par = ParallelConfig(pp=4, tp=2, dp=2, microbatches=8)
+    ours = run_schedule("1f1b", tiny_model(), hw, par).result
+    assert ours.order is not None and list(ours.order) != sorted(ours.order)  # rows not in task order
+    theirs = Trace.from_rows(ours.rows, ours.memory_rows)
+    assert [list(map(type, r)) for r in theirs.rows] == [list(map(type, r)) for r in ours.rows]
+    for name in TRACE_COLUMNS:
+        mine, given = ours.columns[name], theirs.columns[name]
+        assert mine.dtype == given.dtype, name
+        assert np.array_equal(mine, given, equal_nan=mine.dtype != object), name
+    assert ours.tasks.equals(theirs.tasks) and ours.memory.equals(theirs.memory)
+    assert ours.makespan_s == theirs.makespan_s and len(ours.rows) == ours.events

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from itertools import chain
 
 import simpy
 from simpy.events import NORMAL
@@ -135,15 +136,9 @@ class Ports:
         push, last = self.clock.fifo.append, 0
         if len(waiting) == 1:
             candidates = waiting[0]
-        else:  # try the oldest candidate first: most often it takes every freed resource again
-            seq, wanted, tid = min([queue[0] for queue in waiting])
-            if busy.isdisjoint(wanted):
-                busy.update(wanted)
-                granted.add(seq)
-                push((STEP_START, tid))
-                if busy.issuperset(names):
-                    return
-            candidates = heapq.merge(*waiting)  # (tried again in order: granted, or still waiting)
+        else:  # the oldest candidate first, alone: most often it takes every freed resource again,
+            # and the merge (which yields it again, then skipped) never starts
+            candidates = chain((min([queue[0] for queue in waiting]),), heapq.merge(*waiting))
         for seq, wanted, tid in candidates:
             if seq == last or seq in granted:  # in two of the queues, or granted before
                 continue

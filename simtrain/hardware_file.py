@@ -182,7 +182,12 @@ class ComputeFile(_Strict):
 class NcclChannelsFile(_Strict):
     """NCCL's channel counts for a large collective on this node (CTAs = SMs it occupies): within
     one node and across nodes, from NCCL_DEBUG=INFO logs or NCCL's topology search
-    (:mod:`simtrain.lowering.nccl_sms`)."""
+    (:mod:`simtrain.lowering.nccl_sms`).
+
+    Attributes:
+        intra_node: channels of a collective whose group sits in one node (NVLink).
+        inter_node: channels of a collective whose group spans nodes (the NICs).
+    """
 
     intra_node: int = Field(ge=1, le=64)
     inter_node: int = Field(ge=1, le=64)

@@ -40,7 +40,8 @@ class SmShare:
         compute_bound: task id -> share of its seconds that is compute-bound (0..1) for every
             compute task of the pool; a task of the pool in neither map runs at full speed.
 
-    Call :meth:`bind` with the run's clock before the run (:meth:`factory` does).
+    ``TaskGraph.pools`` holds its :meth:`factory`; the engine builds one bound to each run's
+    clock. Nothing here raises: the lowering checks the counts (:mod:`simtrain.lowering.nccl_sms`).
     """
 
     def __init__(self, sms: int, takers: dict[int, int], compute_bound: dict[int, float]):
@@ -50,6 +51,7 @@ class SmShare:
         self.clock: Clock | None = None
         self.running_takers: list[tuple[float, int]] = []  # (end time, SMs) of takers that started
         self.running: dict[int, list] = {}  # compute tid -> [work left (s), at time, finish time, event]
+        self.busy_until = 0.0  # when the last taker that started ends
 
     def factory(self, clock: Clock) -> SmShare:
         """A fresh copy of this pool bound to ``clock`` (the engine builds pools per run)."""
@@ -62,22 +64,27 @@ class SmShare:
         """Task ``tid`` starts now with ``seconds`` of work (its duration at full speed); its
         finish is scheduled as the step ``(STEP_FINISH, tid)``."""
         now = self.clock.now
-        self._advance(now)
         taken = self.takers.get(tid)
         if taken is not None:  # a taker: fixed duration; the compute running now slows down
+            self._advance(now)
             self._schedule(tid, seconds)
             self.running_takers.append((now + seconds, taken))
+            self.busy_until = max(self.busy_until, now + seconds)
             for task, state in self.running.items():
                 self._replan(task, state, now)
             return
-        state = [seconds, now, 0.0, None]
-        self.running[tid] = state
-        if self.running_takers:
-            state[2] = self._finish_time(tid, seconds, now)
-            state[3] = self._schedule(tid, state[2] - now)
-        else:  # no SM taken: exactly the engine's own scheduling of a task of this duration
-            state[2] = now + seconds
-            state[3] = self._schedule(tid, seconds)
+        if now >= self.busy_until:  # no SM taken: exactly the engine's own scheduling of the task
+            clock, finish = self.clock, now + seconds
+            if finish == now:
+                clock.fifo.append((STEP_FINISH, tid))
+                return
+            event = Due()
+            event.callbacks, event.due, event.step = clock.callbacks, finish, (STEP_FINISH, tid)
+            clock.schedule(event, NORMAL, seconds)
+            self.running[tid] = [seconds, now, finish, event]
+            return
+        finish = self._finish_time(tid, seconds, now)
+        self.running[tid] = [seconds, now, finish, self._schedule(tid, finish - now)]
 
     # ------------------------------------------------------------------ rates and plans
     def _taken_at(self, t: float) -> int:
@@ -111,8 +118,9 @@ class SmShare:
         raise AssertionError("unreachable: the last segment is open-ended")
 
     def _advance(self, now: float) -> None:
-        """Bring every running compute task's work left to ``now``; forget the tasks that are done
-        by then and the takers that ended."""
+        """Bring every running compute task's work left to ``now`` (a taker starts); forget the
+        tasks that are done by then and the takers that ended. Between two taker starts the rates
+        change only when a taker ends, which every plan already counts in."""
         for tid, state in list(self.running.items()):
             if state[2] <= now:  # finished (its finish step is due now or was taken)
                 del self.running[tid]

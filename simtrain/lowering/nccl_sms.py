@@ -133,11 +133,19 @@ def add_nccl_sms(low: Lowering) -> None:
     if not takers:
         return
     bound: dict[int, dict[int, float]] = {rank: {} for rank in takers}
+    names = {rank: f"sms:{rank}" for rank in takers}
+    shares: dict[tuple, float] = {}  # (stage, kind) -> compute-bound share
     for task in low.graph.tasks:
-        if task.rank in takers and task.pool is None and (task.category == "compute" or task.tid in takers[task.rank]):
-            if task.category == "compute":
-                chunk = low.chunk[task.stage] if task.stage is not None else None
-                bound[task.rank][task.tid] = compute_bound_share(chunk, task.kind)
-            task.pool = f"sms:{task.rank}"
+        rank = task.rank
+        if rank not in takers or task.pool is not None:
+            continue
+        if task.category == "compute":
+            key = (task.stage, task.kind)
+            if key not in shares:
+                shares[key] = compute_bound_share(low.chunk[task.stage] if task.stage is not None else None, task.kind)
+            bound[rank][task.tid] = shares[key]
+            task.pool = names[rank]
+        elif task.tid in takers[rank]:
+            task.pool = names[rank]
     for rank, taking in takers.items():
         low.graph.pools[f"sms:{rank}"] = SmShare(hardware.sms, taking, bound[rank]).factory

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from simtrain.costs.types import ChunkCost
@@ -140,3 +142,33 @@ def test_bad_channel_counts_are_refused():
     small = dataclasses.replace(A100, sms=32)
     with pytest.raises(SimtrainError, match="nccl_channels = 40: must be below the 32 SMs"):
         run_schedule("1f1b", MODEL, small, ParallelConfig(pp=1, dp=16, microbatches=1, zero_stage=3, nccl_channels=40))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 3.0), st.floats(0.01, 2.0), st.integers(1, 40)), min_size=1, max_size=5),
+       st.lists(st.floats(0.05, 1.5), min_size=1, max_size=4), st.floats(0.0, 1.0))
+def test_each_compute_task_does_exactly_its_work_at_the_rates_the_trace_implies(comms, works, share):
+    """Oracle from the trace alone: integrating each compute task's rate over its own interval,
+    with the SMs taken by the collectives running then, gives back its work."""
+    g, sms = TaskGraph(num_ranks=2), 100
+    computes = [g.add(name=f"c{i}", rank=0, category="compute", kind="F", duration_s=w, stream="compute",
+                      pool="sms:0") for i, w in enumerate(works)]
+    takers = {}
+    for i, (after, seconds, taken) in enumerate(comms):
+        gate = g.add(name=f"g{i}", rank=1, category="compute", kind="F", duration_s=after, stream=f"s{i}")
+        d = g.add(name=f"d{i}", rank=0, category="comm", kind="dp", duration_s=seconds, deps=[gate.tid],
+                  stream=f"dp{i}", pool="sms:0")
+        takers[d.tid] = taken
+    g.pools["sms:0"] = SmShare(sms, takers, {c.tid: share for c in computes}).factory
+    cols = simulate(g).columns
+    span = {n: (s, e) for n, s, e in zip(cols["name"].tolist(), cols["start_s"].tolist(), cols["end_s"].tolist())}
+    held = [(span[f"d{i}"], taken) for i, (_, _, taken) in enumerate(comms)]
+    for c in computes:
+        lo, hi = span[c.name]
+        cuts = sorted({lo, hi, *(t for (s, e), _ in held for t in (s, e) if lo < t < hi)})
+        done = 0.0
+        for a, b in zip(cuts, cuts[1:]):
+            taken = min(sms - 1, sum(n for (s, e), n in held if s <= a < e))
+            done += (b - a) / (share * sms / (sms - taken) + 1 - share)
+        assert done == pytest.approx(c.duration_s, rel=1e-9, abs=1e-12)
+        assert hi - lo >= c.duration_s * (1 - 1e-12)

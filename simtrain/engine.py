@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import gc
 from operator import attrgetter
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -103,13 +104,16 @@ class TaskGraph:
         num_ranks: ranks 0..num_ranks-1.
         tasks: all tasks, ``tasks[i].tid == i``.
         static_memory_bytes: memory each rank holds before the first task (params, optimizer).
-        pools: shared processor pools, name -> number of processors (> 0, may be fractional).
+        pools: shared processor pools, name -> number of processors (> 0, may be fractional), or
+            name -> a callable building the pool on the run's clock (an object with
+            ``work(tid, seconds)`` that makes ``(STEP_FINISH, tid)`` due: e.g.
+            :class:`simtrain.sm_share.SmShare`).
     """
 
     num_ranks: int
     tasks: list[Task] = field(default_factory=list)
     static_memory_bytes: list[float] = field(default_factory=list)
-    pools: dict[str, float] = field(default_factory=dict)
+    pools: dict[str, float | Callable] = field(default_factory=dict)
 
     def add(self, **kwargs) -> Task:
         """Append a task (keyword arguments of :class:`Task` except ``tid``) and return it."""
@@ -170,7 +174,8 @@ class _Run:
         self.pending = [0] * n  # dependencies whose end is not processed yet
         self.next_in_stream = [-1] * n  # the next task of its stream, -1 for none
         self.ports = Ports(self.clock)
-        self.pools = {name: SharedProcessors(self.clock, count) for name, count in graph.pools.items()}
+        self.pools = {name: spec(self.clock) if callable(spec) else SharedProcessors(self.clock, spec)
+                      for name, spec in graph.pools.items()}
         self.mem_log: list[int] = []  # tid: its mem_start applied, ~tid: its mem_end, in order
         self.order: list[int] = []  # tids in the order they ended
         self.start_s = [0.0] * n

@@ -115,6 +115,9 @@ class HardwareProfile:
         overlap_sends: ``"per_half"`` or ``"after_pair"``: when a pair's p2p sends leave.
         sms: streaming multiprocessors per GPU (datasheet), or None where the profile does not
             say (then EP communication kernels take no SMs from compute: :mod:`simtrain.costs.ep_sms`).
+        nccl_channels: ``(within one node, across nodes)``: the CTAs (SMs) of one large NCCL
+            collective, or None where the profile does not say (then collectives take no SMs
+            from compute: :mod:`simtrain.lowering.nccl_sms`).
         path: the file it was loaded from, if any.
         calibration: the raw ``calibration:`` section of a calibrated profile, if any.
         linear_rates: per dtype and pass (F, I, W), measured ``(tokens, fan_in, fan_out,
@@ -151,6 +154,7 @@ class HardwareProfile:
     overlap_compute_factor: float = 1.0
     overlap_sends: Literal["per_half", "after_pair"] = "after_pair"
     sms: int | None = None
+    nccl_channels: tuple[int, int] | None = None
     path: Path | None = None
     calibration: dict | None = field(default=None, compare=False)
     linear_rates: dict[tuple[str, str], tuple[tuple[int, int, int, float], ...]] = field(default_factory=dict)
@@ -270,6 +274,7 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
         overlap_compute_factor=pf.overlap.compute_factor,
         overlap_sends=pf.overlap.sends,
         sms=pf.sms,
+        nccl_channels=None if pf.nccl_channels is None else (pf.nccl_channels.intra_node, pf.nccl_channels.inter_node),
         path=path,
         calibration=pf.calibration,
         linear_rates={

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .errors import NumbersNotBooleans, bounded
 
@@ -179,6 +179,20 @@ class ComputeFile(_Strict):
     )
 
 
+class NcclChannelsFile(_Strict):
+    """NCCL's channel counts for a large collective on this node (CTAs = SMs it occupies): within
+    one node and across nodes, from NCCL_DEBUG=INFO logs or NCCL's topology search
+    (:mod:`simtrain.lowering.nccl_sms`).
+
+    Attributes:
+        intra_node: channels of a collective whose group sits in one node (NVLink).
+        inter_node: channels of a collective whose group spans nodes (the NICs).
+    """
+
+    intra_node: int = Field(ge=1, le=64)
+    inter_node: int = Field(ge=1, le=64)
+
+
 class ProfileFile(_Strict):
     """The schema of a hardware profile YAML file (units in field names).
 
@@ -191,6 +205,8 @@ class ProfileFile(_Strict):
         hbm_tb_per_s: HBM bandwidth per GPU.
         gpus_per_node: GPUs of one node (one scale-up domain).
         sms: streaming multiprocessors per GPU (datasheet), or None.
+        nccl_channels: NCCL's channels (one CTA, one SM each) for a large collective within one
+            node and across nodes (:mod:`simtrain.lowering.nccl_sms`), or None.
         intra_node: the scale-up link.
         inter_node: the scale-out network.
         efficiency: achieved fractions of peak (replaced by calibration).
@@ -211,6 +227,7 @@ class ProfileFile(_Strict):
     gpus_per_node: int = Field(ge=1, le=2**20)
     sms: int | None = Field(default=None, ge=1, le=4096, description="streaming multiprocessors per GPU, from the "
                             "datasheet; the share EP communication kernels take (simtrain.costs.ep_sms) needs it")
+    nccl_channels: NcclChannelsFile | None = None
     intra_node: IntraNodeLinkFile
     inter_node: InterNodeLinkFile
     efficiency: EfficiencyFile
@@ -226,6 +243,14 @@ class ProfileFile(_Strict):
         if not v:
             raise ValueError("must list at least one dtype, e.g. {bf16: 989}")
         return v
+
+    @model_validator(mode="after")
+    def _channels_below_sms(self) -> ProfileFile:
+        ch = self.nccl_channels
+        if ch is not None and self.sms is not None and max(ch.intra_node, ch.inter_node) >= self.sms:
+            raise ValueError(f"nccl_channels {{intra_node: {ch.intra_node}, inter_node: {ch.inter_node}}}: each must "
+                             f"be below sms = {self.sms} (no SM would be left for compute)")
+        return self
 
     @field_validator("calibration")
     @classmethod

@@ -223,6 +223,9 @@ class ParallelConfig(NumbersNotBooleans):
             DeepEP's ``Buffer.num_sms``, deepseek-ai/DeepEP ``deep_ep/buffer.py``; DeepSeek-V3
             §3.2.2); compute overlapped with them runs on the rest (:mod:`simtrain.costs.ep_sms`).
             0: communication takes no SMs.
+        nccl_channels: CTAs (SMs) of every NCCL collective, the run's ``NCCL_MAX_NCHANNELS`` /
+            ``NCCL_MIN_NCHANNELS`` (or ``config.maxCTAs``); None: the profile's
+            ``nccl_channels`` (:mod:`simtrain.lowering.nccl_sms`); 0: collectives take no SMs.
         a2a_links: ``shared``: dispatch and combine use the same link ports (a symmetric
             all-to-all loads both directions of every port); ``separate``: the combine gets its
             own lanes (the idealised full-duplex model of Waved-EP's flow shop).
@@ -301,6 +304,7 @@ class ParallelConfig(NumbersNotBooleans):
     expert_imbalance: float = Field(default=1.0, ge=1.0)
     node_limit: int | None = Field(default=None, ge=1)
     ep_comm_sms: int = Field(default=20, ge=0, le=4096)
+    nccl_channels: int | None = Field(default=None, ge=0, le=64)
     a2a_links: Literal["shared", "separate"] = "shared"
     waves: int | None = Field(default=None, ge=1)
     moe_coarsen: int = Field(default=1, ge=1)

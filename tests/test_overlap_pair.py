@@ -33,12 +33,14 @@ ORDERS = [
 ]
 
 
-def _simulate(factor: float = 1.0, sends: str = "per_half"):
+def _simulate(factor: float = 1.0, sends: str = "per_half", nccl_sms: bool = False):
     schedule = Schedule(
         "hand", 2, (0, 1, 0), tuple(tuple(parse_action(a) for a in o.split()) for o in ORDERS),
     )
     schedule.validate()
     hw = dataclasses.replace(load_profile("h100-sxm"), overlap_compute_factor=factor, overlap_sends=sends)
+    if not nccl_sms:  # hand times without the SMs NCCL takes (simtrain.lowering.nccl_sms; tested below)
+        hw = dataclasses.replace(hw, nccl_channels=None)
     parallel = ParallelConfig(pp=2, microbatches=2)
     costs = stage_costs(tiny_model(layers=6), parallel, hw, 3)
     # TP collectives of 1 s (F) and 2 s (B): a ring all-reduce over 2 GPUs of M bytes on a link
@@ -74,6 +76,15 @@ def test_halves_alternate_and_each_hides_the_others_communication():
     assert t["1B1"][0] == approx(27.5)
     # 1B0's gradient is ready at 21 but waits for rank 0's NVLink port, busy with 2F1's TP
     assert t["tp 2F1"] == approx((20.5, 21.5)) and t["p2p 1B0 -> 0B0"] == approx((21.5, 21.5))
+
+
+def test_a_tp_collective_takes_its_sms_from_the_other_halfs_compute():
+    # 1B0's first TP collective (17-18, intra-node: 24 of the H100's 132 SMs) runs beside F slice
+    # 2 (17-18 without it): 108/132 of its 1 s is done by 18, the rest after: it ends at 18 + 24/132
+    t = _simulate(nccl_sms=True)
+    assert t["tp 1B0 (1/2)"] == approx((17, 18))
+    assert t["1F1 (2/2)"] == approx((17, 18 + 24 / 132))
+    assert t["1F1 (1/2)"] == approx((6, 7))  # its own TP runs after it: no overlap, no change
 
 
 def test_after_pair_sends_wait_for_the_whole_pair():

@@ -433,6 +433,13 @@ def _linear_seconds(ctx: _Ctx, ops: list[OpCost]) -> tuple[float, float, float]:
             sum(o.seconds[2] for o in linear))
 
 
+def _compute_bound(ops: list[OpCost]) -> tuple[float, float, float]:
+    """Per pass (F, I, W), the share of a chunk's seconds in compute-bound operators (1 if none)."""
+    total = [sum(o.seconds[p] for o in ops) for p in range(3)]
+    bound = [sum(o.seconds[p] for o in ops if o.bound == "compute") for p in range(3)]
+    return tuple(b / t if t > 0 else 1.0 for b, t in zip(bound, total))
+
+
 def _apply_with(ctx: _Ctx):
     """The StageCosts -> StageCosts function of :func:`ops_runtime` for one context."""
     model, parallel = ctx.model, ctx.parallel
@@ -453,7 +460,8 @@ def _apply_with(ctx: _Ctx):
                                               activation_bytes=c.activation_bytes - kept,
                                               weight_grad_bytes=c.weight_grad_bytes - held,
                                               full_backward_s=None, cp_hide_forward_s=cp.hide_forward_s,
-                                              cp_hide_backward_s=cp.hide_backward_s, gemm_s=_linear_seconds(ctx, ops)))
+                                              cp_hide_backward_s=cp.hide_backward_s, gemm_s=_linear_seconds(ctx, ops),
+                                              compute_bound_fraction=_compute_bound(ops)))
         return dataclasses.replace(costs, chunks=tuple(chunks),
                                    optimizer_s_per_param=costs.optimizer_s_per_param + grad_norm_clip_s(ctx, 1.0))
 

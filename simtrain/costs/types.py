@@ -116,6 +116,10 @@ class ChunkCost:
             layers' linear GEMMs, the GEMMs next to the TP collectives that ``--tp-overlap`` hides
             behind (:func:`simtrain.lowering.chains.tp_seconds`); None where unknown (the action's
             whole compute is then the window).
+        compute_bound_fraction: share of the seconds of F, I and W spent in compute-bound
+            operators (the per-operator model's ``bound == "compute"`` rows), the share a kernel
+            taking SMs slows (:mod:`simtrain.lowering.nccl_sms`); 1 under the flat model, where
+            every second is GEMM-rated.
         recv_buffer_bytes: receive buffers the pipeline runtime holds all step for this chunk
             (``ParallelConfig.pp_buffers``, :mod:`simtrain.costs.pipelining`); 0 by default.
     """
@@ -145,6 +149,7 @@ class ChunkCost:
     cp_hide_forward_s: float = 0.0
     cp_hide_backward_s: float = 0.0
     gemm_s: tuple[float, float, float] | None = None
+    compute_bound_fraction: tuple[float, float, float] = (1.0, 1.0, 1.0)
     recv_buffer_bytes: float = 0.0
 
     @property

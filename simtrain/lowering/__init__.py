@@ -31,6 +31,8 @@ compute-only schedule through ``_add_unshard_reshard`` and ``_add_send_recv``):
    overheads and shared processor pools; then
    :func:`~simtrain.lowering.queues.add_hardware_queues` (``--hardware-queues`` only): streams
    sharing a hardware work queue run one at a time (:mod:`simtrain.lowering.queues`).
+8. :func:`~simtrain.lowering.nccl_sms.add_nccl_sms`: compute that overlaps an NCCL collective on
+   its rank runs on the SMs the collective's CTAs leave (:mod:`simtrain.lowering.nccl_sms`).
 
 A forward-only step (``parallel.forward_only``) runs only the forwards (a pair runs its forward half
 alone), with no gradient reduction or optimizer. Communication is declared as
@@ -49,6 +51,7 @@ from .comms import (add_embedding_sync, add_gradient_reduction, add_optimizer, a
 from .blocking import add_blocking_p2p, after_last_instruction
 from .grads import add_lazy_gradients
 from .items import Lowering
+from .nccl_sms import add_nccl_sms
 from .offload import add_offload
 from .queues import add_hardware_queues
 from .zero import add_param_gathers, check_zero, gradient_actions
@@ -103,6 +106,7 @@ def _lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool
         after_last_instruction(low, done)
     add_runtime_overheads(low)
     add_hardware_queues(low)
+    add_nccl_sms(low)
     return low.graph
 
 

@@ -79,8 +79,8 @@ class SmShare:
                 clock.fifo.append((STEP_FINISH, tid))
                 return
             event = Due()
-            event.callbacks, event.due, event.step = clock.callbacks, finish, (STEP_FINISH, tid)
-            clock.schedule(event, NORMAL, seconds)
+            event.callbacks, event.step = clock.callbacks, (STEP_FINISH, tid)
+            clock.env.schedule(event, NORMAL, seconds)  # the engine's push (its env time is now)
             self.running[tid] = [seconds, now, finish, event]
             return
         finish = self._finish_time(tid, seconds, now)
@@ -151,8 +151,8 @@ class SmShare:
             clock.fifo.append((STEP_FINISH, tid))
             return None
         event = Due()
-        event.callbacks, event.due, event.step = clock.callbacks, clock.now + delay_s, (STEP_FINISH, tid)
-        clock.schedule(event, NORMAL, delay_s)
+        event.callbacks, event.step = clock.callbacks, (STEP_FINISH, tid)
+        clock.env.schedule(event, NORMAL, delay_s)
         return event
 
 

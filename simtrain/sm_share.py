@@ -26,6 +26,8 @@ scheduled; the engine sees the finish only once.
 
 from __future__ import annotations
 
+from heapq import heappush
+
 from simpy.events import NORMAL
 
 from .sharing import STEP_FINISH, Clock, Due
@@ -66,10 +68,13 @@ class SmShare:
         now = self.clock.now
         taken = self.takers.get(tid)
         if taken is not None:  # a taker: fixed duration; the compute running now slows down
-            self._advance(now)
+            if self.running:  # (without compute to slow, the ended takers are dropped later)
+                self._advance(now)
             self._schedule(tid, seconds)
-            self.running_takers.append((now + seconds, taken))
-            self.busy_until = max(self.busy_until, now + seconds)
+            end = now + seconds
+            self.running_takers.append((end, taken))
+            if end > self.busy_until:
+                self.busy_until = end
             for task, state in self.running.items():
                 self._replan(task, state, now)
             return
@@ -80,7 +85,7 @@ class SmShare:
                 return
             event = Due()
             event.callbacks, event.step = clock.callbacks, (STEP_FINISH, tid)
-            clock.env.schedule(event, NORMAL, seconds)  # the engine's push (its env time is now)
+            heappush(clock.queue, (finish, NORMAL, next(clock.eid), event))  # Environment.schedule, as the engine
             self.running[tid] = [seconds, now, finish, event]
             return
         finish = self._finish_time(tid, seconds, now)
@@ -147,12 +152,13 @@ class SmShare:
         """Make ``(STEP_FINISH, tid)`` due ``delay_s`` from now, as the engine does for a task
         without a pool; returns the event (None when the delay is too small to move the clock)."""
         clock = self.clock
-        if clock.now + delay_s == clock.now:
+        finish = clock.now + delay_s
+        if finish == clock.now:
             clock.fifo.append((STEP_FINISH, tid))
             return None
         event = Due()
         event.callbacks, event.step = clock.callbacks, (STEP_FINISH, tid)
-        clock.env.schedule(event, NORMAL, delay_s)
+        heappush(clock.queue, (finish, NORMAL, next(clock.eid), event))  # Environment.schedule, as the engine
         return event
 
 

@@ -172,3 +172,22 @@ def test_each_compute_task_does_exactly_its_work_at_the_rates_the_trace_implies(
             done += (b - a) / (share * sms / (sms - taken) + 1 - share)
         assert done == pytest.approx(c.duration_s, rel=1e-9, abs=1e-12)
         assert hi - lo >= c.duration_s * (1 - 1e-12)
+
+
+def test_only_collectives_that_compute_can_overlap_join_the_pool():
+    """A collective between two compute tasks it is chained to overlaps neither: it and they stay
+    off the pool (fewer pool steps, the same trace); one issued beside later compute keeps its window."""
+    from simtrain.lowering.nccl_sms import _overlap_windows
+
+    g = TaskGraph(num_ranks=1)
+    f0 = g.add(name="F0", rank=0, category="compute", kind="F", duration_s=1.0, stream="compute")
+    tp = g.add(name="tp", rank=0, category="comm", kind="tp", duration_s=0.2, deps=[f0.tid], stream="tp")
+    f1 = g.add(name="F1", rank=0, category="compute", kind="F", duration_s=1.0, deps=[tp.tid], stream="compute")
+    dp = g.add(name="dp", rank=0, category="comm", kind="dp", duration_s=0.5, deps=[f1.tid], stream="dp")
+    b0 = g.add(name="B0", rank=0, category="compute", kind="B", duration_s=1.0, deps=[f1.tid], stream="compute")
+    opt = g.add(name="OPT", rank=0, category="compute", kind="OPT", duration_s=0.1, deps=[b0.tid, dp.tid],
+                stream="compute")
+    takers = {0: {tp.tid: 16, dp.tid: 16}}
+    inside = _overlap_windows(g.tasks, takers)
+    assert takers == {0: {dp.tid: 16}}  # the chained TP collective is dropped
+    assert [inside(t) for t in (f0, f1, b0, opt)] == [False, False, True, False]

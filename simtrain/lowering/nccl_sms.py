@@ -130,6 +130,8 @@ def add_nccl_sms(low: Lowering) -> None:
             c = channels(hardware, parallel, task.resources)
             if c > 0:
                 takers.setdefault(task.rank, {})[task.tid] = c
+    inside = _overlap_windows(low.graph.tasks, takers)  # drops the collectives no compute can overlap
+    takers = {rank: taking for rank, taking in takers.items() if taking}
     if not takers:
         return
     bound: dict[int, dict[int, float]] = {rank: {} for rank in takers}
@@ -140,6 +142,8 @@ def add_nccl_sms(low: Lowering) -> None:
         if rank not in takers or task.pool is not None:
             continue
         if task.category == "compute":
+            if not inside(task):
+                continue  # ordered before or after every collective of its rank: never slowed
             key = (task.stage, task.kind)
             if key not in shares:
                 shares[key] = compute_bound_share(low.chunk[task.stage] if task.stage is not None else None, task.kind)
@@ -149,3 +153,64 @@ def add_nccl_sms(low: Lowering) -> None:
             task.pool = names[rank]
     for rank, taking in takers.items():
         low.graph.pools[f"sms:{rank}"] = SmShare(hardware.sms, taking, bound[rank]).factory
+
+
+def _overlap_windows(tasks: list, takers: dict[int, dict[int, int]]):
+    """Which compute tasks a collective of their rank can overlap, from the dependency order
+    alone, so that only those join the pool (the same trace, far fewer pool steps: a TP
+    collective between two layers' compute overlaps neither).
+
+    A ``compute``-stream task at or before (in stream order) a same-rank compute task that the
+    collective depends on ends before it starts; one at or after a same-rank compute task that
+    depends on the collective starts after it ends. A collective's window is the stream
+    positions strictly between the two, from its direct dependencies and direct dependants
+    (without one, the window stays open on that side: wider, never wrong). Collectives with an
+    empty window are removed from ``takers`` (in place); on a rank with a compute task off the
+    compute stream every collective is kept.
+
+    Returns:
+        A predicate ``task -> bool``: the compute task lies in some window of its rank.
+    """
+    pos: dict[int, int] = {}  # tid -> position on its rank's compute stream (ranks with takers)
+    counts: dict[int, int] = {}
+    loose: set[int] = set()  # ranks with compute off the compute stream
+    lo: dict[int, int] = {tid: -1 for taking in takers.values() for tid in taking}
+    hi: dict[int, float] = dict.fromkeys(lo, INF)
+    for t in tasks:
+        rank = t.rank
+        if rank not in takers or t.category != "compute":
+            continue
+        if t.stream != "compute":
+            loose.add(rank)
+            continue
+        p = pos[t.tid] = counts.get(rank, 0)
+        counts[rank] = p + 1
+        for d in t.deps:  # a compute task waiting for a collective: the collective's upper end
+            if d in hi and tasks[d].rank == rank and p < hi[d]:
+                hi[d] = p
+    covered: dict[int, list[bool]] = {}  # rank -> per compute-stream position: inside some window
+    for rank, taking in takers.items():
+        size = counts.get(rank, 0)
+        diff = [0] * (size + 1)
+        for tid in list(taking):
+            first = max([pos.get(d, -1) for d in tasks[tid].deps if tasks[d].rank == rank], default=-1) + 1
+            stop = min(hi[tid], size)
+            if first < stop:  # positions first .. stop - 1
+                diff[first] += 1
+                diff[stop] -= 1
+            elif rank not in loose:
+                del taking[tid]  # nothing can overlap it
+        marks, depth = [], 0
+        for k in range(size):
+            depth += diff[k]
+            marks.append(depth > 0)
+        covered[rank] = marks
+
+    def inside(task) -> bool:
+        p = pos.get(task.tid, -1)
+        return p < 0 or covered[task.rank][p]
+
+    return inside
+
+
+INF = float("inf")

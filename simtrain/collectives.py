@@ -28,7 +28,8 @@ The model follows NCCL's tuning model (NVIDIA/nccl ``src/graph/tuning.cc``, comm
   NVLink x ``nvls_efficiency`` (NCCL's ``nvlsEfficiency``: Hopper 0.85, Blackwell 0.74).
 * **p2p** (send/recv): one message at the peer NVLink bandwidth or the GPU's NIC share, with the
   profile's link latency. **all-to-all**: each rank sends ``S/n`` to every peer; NVLink and the
-  NIC share carry their parts at once.
+  NIC share carry their parts at once, the NICs at ``inter_node.alltoall_efficiency`` where the
+  profile has it (NCCL's all-to-all, measured by nccl-tests ``alltoall_perf``).
 
 Not modelled: NVLS-Tree and CollNet (multi-node in-network reduction), PAT, NCCL's LL/LL128 caps
 per channel; a multi-node NVLS request is an error.
@@ -212,7 +213,7 @@ def _direct(op: str, nbytes: float, hw: HardwareProfile, g: Group) -> tuple[floa
         return inter.latency_s + nbytes / nic_share, "direct", "-", "nic"
     n = g.gpus
     t_nvl = nbytes * (g.per_node - 1) / n / intra.achieved_bandwidth_bytes_per_s
-    t_nic = nbytes * (n - g.per_node) / n / nic_share
+    t_nic = nbytes * (n - g.per_node) / n / (nic_share * inter.a2a_efficiency / inter.collective_efficiency)
     lat = inter.latency_s if g.nodes > 1 else intra.latency_s
     return lat + max(t_nvl, t_nic), "direct", "-", "nic" if t_nic >= t_nvl else "nvlink"
 

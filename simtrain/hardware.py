@@ -60,6 +60,9 @@ class Link:
         nvls_efficiency: NVLink SHARP efficiency relative to the achieved NVLink bandwidth, or
             None where the fabric has no NVLS (intra-node links only).
         nodes: nodes in the cluster, or None when the profile does not bound it (inter-node only).
+        alltoall_efficiency: achieved / nominal NIC bandwidth in NCCL's all-to-all (its send/recv
+            pairs, one connection per peer), or None to use :attr:`collective_efficiency`
+            (inter-node only; ``inter_node.alltoall_efficiency``, see :attr:`a2a_efficiency`).
     """
 
     name: str
@@ -71,11 +74,18 @@ class Link:
     achieved_efficiency: float | None = None
     nvls_efficiency: float | None = None
     nodes: int | None = None
+    alltoall_efficiency: float | None = None
 
     @property
     def collective_efficiency(self) -> float:
         """The link class's achieved efficiency in collectives (``achieved_efficiency``, else ``efficiency``)."""
         return self.efficiency if self.achieved_efficiency is None else self.achieved_efficiency
+
+    @property
+    def a2a_efficiency(self) -> float:
+        """The link class's achieved efficiency in NCCL's all-to-all (``alltoall_efficiency``, else
+        :attr:`collective_efficiency`)."""
+        return self.collective_efficiency if self.alltoall_efficiency is None else self.alltoall_efficiency
 
     @property
     def achieved_bandwidth_bytes_per_s(self) -> float:
@@ -269,6 +279,7 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
             nics_per_node=pf.inter_node.nics_per_node,
             achieved_efficiency=pf.inter_node.efficiency,
             nodes=pf.inter_node.nodes,
+            alltoall_efficiency=pf.inter_node.alltoall_efficiency,
         ),
         matmul_efficiency=eff.matmul,
         overlap_compute_factor=pf.overlap.compute_factor,

@@ -71,6 +71,10 @@ class InterNodeLinkFile(_Strict):
         default=None, gt=0, le=1, description="achieved / nominal NIC bandwidth in NCCL collectives and "
         "DeepEP RDMA (simtrain.collectives, simtrain.deepep); default efficiency.link",
     )
+    alltoall_efficiency: float | None = Field(
+        default=None, gt=0, le=1, description="achieved / nominal NIC bandwidth in NCCL's all-to-all (nccl-tests "
+        "alltoall_perf across nodes; simtrain.collectives, simtrain.network); default the field efficiency above",
+    )
     nodes: int | None = Field(default=None, ge=1, description="nodes in the cluster; bounds group sizes (optional)")
 
 

@@ -34,7 +34,8 @@ DeepSeek-V3 §3.3.2; the combine in the compute dtype, BF16). Of the ``k`` copie
 
 NVLink and the NICs carry their parts at the same time (the hierarchical all-to-all), each part
 taking ``latency + bytes x f / (bandwidth x link efficiency)`` on the GPU's full per-direction
-NVLink bandwidth or its share of the node's NICs; the all-to-all ends when both have.
+NVLink bandwidth or its share of the node's NICs (NCCL's all-to-all, ``ep_kernel nccl``, at the
+profile's ``inter_node.alltoall_efficiency``); the all-to-all ends when both have.
 
 **Sub-operations.** An MoE layer's forward is attention (with norms, router and shared experts),
 then dispatch, the routed experts (Linear-1, activation, Linear-2), and combine; its backward is

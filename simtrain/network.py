@@ -260,15 +260,19 @@ class Topology:
         """The per-link-class parts of an EP all-to-all (hierarchical: NVLink and NICs at once,
         each at the GPU's full NVLink bandwidth or its share of the node's NICs; see
         :meth:`a2a_routes`). Each part takes ``latency + bytes x imbalance / (bandwidth x
-        collective efficiency)``, the NVLink part of a group spanning nodes at most DeepEP's
-        forwarding ceiling; link classes without bytes are left out."""
+        efficiency)``, the NVLink part of a group spanning nodes at most DeepEP's forwarding
+        ceiling; link classes without bytes are left out. The efficiency is the link's
+        collective one, except NCCL's all-to-all (every one but an EP one with ``ep_kernel
+        fused``) on the NICs: :attr:`simtrain.hardware.Link.a2a_efficiency`."""
         nvlink, nic = self.a2a_routes(pp_rank)
         routes = {"nvlink": nvlink, "nic": nic}
+        nccl = not (c.dim == "ep" and self.parallel.ep_kernel == "fused")
         parts = []
         for link, nbytes in c.link_bytes or self._spread(c, pp_rank):
             route = routes[link]
             if nbytes > 0:
-                bw = route.bandwidth_bytes_per_s * route.link.collective_efficiency
+                eff = route.link.a2a_efficiency if nccl and link == "nic" else route.link.collective_efficiency
+                bw = route.bandwidth_bytes_per_s * eff
                 if link == "nvlink" and self.placement("ep", pp_rank).nodes > 1:
                     bw = min(bw, FORWARD_CEILING_BYTES_PER_S)  # DeepEP's internode forwarding leg
                 parts.append(A2APart(link, nbytes, route.link.latency_s, nbytes * c.imbalance / bw))

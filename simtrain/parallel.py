@@ -226,6 +226,11 @@ class ParallelConfig(NumbersNotBooleans):
         nccl_channels: CTAs (SMs) of every NCCL collective, the run's ``NCCL_MAX_NCHANNELS`` /
             ``NCCL_MIN_NCHANNELS`` (or ``config.maxCTAs``); None: the profile's
             ``nccl_channels`` (:mod:`simtrain.lowering.nccl_sms`); 0: collectives take no SMs.
+        ep_kernel: which kernels run the EP dispatch / combine: ``nccl`` (Megatron-Core's
+            ``alltoall`` token dispatcher, ``torch.distributed.all_to_all_single``: its NIC part at
+            the profile's ``inter_node.alltoall_efficiency``) or ``fused`` (DeepEP / HybridEP's
+            own kernels: the NIC at ``inter_node.efficiency``, as their measurements in
+            :mod:`simtrain.deepep` count it).
         a2a_links: ``shared``: dispatch and combine use the same link ports (a symmetric
             all-to-all loads both directions of every port); ``separate``: the combine gets its
             own lanes (the idealised full-duplex model of Waved-EP's flow shop).
@@ -305,6 +310,7 @@ class ParallelConfig(NumbersNotBooleans):
     node_limit: int | None = Field(default=None, ge=1)
     ep_comm_sms: int = Field(default=20, ge=0, le=4096)
     nccl_channels: int | None = Field(default=None, ge=0, le=64)
+    ep_kernel: Literal["nccl", "fused"] = "nccl"
     a2a_links: Literal["shared", "separate"] = "shared"
     waves: int | None = Field(default=None, ge=1)
     moe_coarsen: int = Field(default=1, ge=1)

@@ -138,12 +138,33 @@ def test_cli_group_larger_than_the_cluster_is_one_error_line(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("error: ") and "has 2 nodes" in lines[0], res.stderr
 
 
-def test_new_link_fields_are_validated_and_optional(tmp_path):
+@pytest.mark.parametrize("good,bad,field", [("nvls_efficiency: 0.85", "nvls_efficiency: 1.5", "intra_node.nvls_efficiency"),
+                                            ("alltoall_efficiency: 0.743", "alltoall_efficiency: 1.2",
+                                             "inter_node.alltoall_efficiency")])
+def test_new_link_fields_are_validated_and_optional(tmp_path, good, bad, field):
     text = (PROFILE_DIR / "h100-sxm.yaml").read_text()
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(text.replace("nvls_efficiency: 0.85", "nvls_efficiency: 1.5"))
-    with pytest.raises(SimtrainError, match="intra_node.nvls_efficiency"):
-        load_profile(bad)
+    path = tmp_path / "bad.yaml"
+    path.write_text(text.replace(good, bad))
+    with pytest.raises(SimtrainError, match=field):
+        load_profile(path)
     plain = load_profile("mi300x")  # no per-class fields: both classes fall back to efficiency.link
     assert plain.intra_node.collective_efficiency == plain.inter_node.collective_efficiency == 0.75
     assert plain.intra_node.nvls_efficiency is None and plain.inter_node.nodes is None
+    assert plain.inter_node.alltoall_efficiency is None  # NCCL's all-to-all then at the NIC's rate
+    assert plain.inter_node.a2a_efficiency == plain.inter_node.collective_efficiency
+
+
+def test_nccl_all_to_all_on_four_dgx_h100_is_nvidias_measured_busbw():
+    """NVIDIA GTC25 S72583, "All-to-all Communication Bandwidth": nccl-tests alltoall busbw 48 GB/s
+    on 32 GPUs of 8x 400Gb DGX H100 (4 nodes). The profile's inter_node.alltoall_efficiency must
+    reproduce it at a large size, while all-reduce keeps the NIC's collective efficiency."""
+    hw = load_profile("h100-sxm")
+    e = estimate("all-to-all", 2**30, hw, 32)
+    assert (e.nodes, e.bottleneck) == (4, "nic")
+    assert e.busbw_bytes_per_s == pytest.approx(48 * GB, rel=0.02)
+    without = dataclasses.replace(hw, inter_node=dataclasses.replace(hw.inter_node, alltoall_efficiency=None))
+    assert estimate("all-to-all", 2**30, without, 32).busbw_bytes_per_s > 1.2 * e.busbw_bytes_per_s
+    for op in ("all-reduce", "all-gather"):
+        assert estimate(op, 2**30, hw, 32).time_s == estimate(op, 2**30, without, 32).time_s
+    assert estimate("all-to-all", 2**30, hw, 8).time_s == estimate("all-to-all", 2**30, without, 8).time_s
+

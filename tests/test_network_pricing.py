@@ -61,7 +61,7 @@ def test_p2p_is_one_alpha_beta_message_on_the_peer_link():
 
 def test_all_to_all_is_the_slower_link_class_with_imbalance():
     # EP 16 spans two nodes: the NVLink part is DeepEP's forwarding leg, at most its ceiling
-    topo = Topology(H100, ParallelConfig(dp=16, ep=16))
+    topo = Topology(H100, ParallelConfig(dp=16, ep=16, ep_kernel="fused"))
     c = Collective("all-to-all", "ep", 3 * M, link_bytes=(("nvlink", M), ("nic", 2 * M)), imbalance=1.5)
     nv, nic = H100.intra_node, H100.inter_node
     nv_bw = min(nv.bandwidth_bytes_per_s * nv.collective_efficiency, FORWARD_CEILING_BYTES_PER_S)
@@ -74,6 +74,22 @@ def test_all_to_all_is_the_slower_link_class_with_imbalance():
     assert topo.seconds(c) == pytest.approx(max(nv_s, nic_s), rel=1e-12)
     one_node = Topology(H100, ParallelConfig(dp=8, ep=8)).all_to_all(c)  # no forwarding inside one node
     assert one_node[0].seconds() == pytest.approx(nv.latency_s + M * 1.5 / (nv.bandwidth_bytes_per_s * nv.collective_efficiency))
+
+
+def test_nccl_all_to_all_takes_the_profiles_all_to_all_nic_efficiency():
+    # Megatron's alltoall dispatcher (ep_kernel nccl, the default) and a uniform CP all-to-all are
+    # NCCL's all-to-all: their NIC part runs at inter_node.alltoall_efficiency; NVLink is unchanged
+    nic, nv = H100.inter_node, H100.intra_node
+    assert nic.alltoall_efficiency is not None and nic.alltoall_efficiency < nic.collective_efficiency
+    c = Collective("all-to-all", "ep", 3 * M, link_bytes=(("nvlink", M), ("nic", 2 * M)))
+    nccl = Topology(H100, ParallelConfig(dp=16, ep=16)).all_to_all(c)
+    fused = Topology(H100, ParallelConfig(dp=16, ep=16, ep_kernel="fused")).all_to_all(c)
+    share = H100.nic_bandwidth_per_gpu_bytes_per_s
+    assert nccl[1].transfer_s == pytest.approx(2 * M / (share * nic.alltoall_efficiency), rel=1e-12)
+    assert fused[1].transfer_s == pytest.approx(2 * M / (share * nic.collective_efficiency), rel=1e-12)
+    assert nccl[0] == fused[0]
+    cp = Topology(H100, ParallelConfig(cp=16, ep_kernel="fused")).all_to_all(Collective("all-to-all", "cp", 16 * M))
+    assert cp[1].link == "nic" and cp[1].transfer_s == pytest.approx(8 * M / (share * nic.alltoall_efficiency), rel=1e-12)
 
 
 def test_parallel_config_derives_the_groups_once():

@@ -178,6 +178,8 @@ def calibrate_nccl_tests(files: list[Path], base: str | None, out_path: Path, fo
     for key, section in (("intra_node_efficiency", "intra_node"), ("inter_node_efficiency", "inter_node")):
         if record[key] is not None:
             data[section]["efficiency"] = round(record[key], 4)
+    if record["inter_node_efficiency"] is not None:  # the fitted NIC also prices NCCL's all-to-all (fit_profile)
+        data["inter_node"].pop("alltoall_efficiency", None)
     data["name"] = out_path.stem
     data["source"] = f"{data['source']} Link efficiencies fitted to nccl-tests logs by `simtrain calibrate --nccl-tests`."
     data["calibration"] = dict(method="nccl-tests", base=str(base_path), date=datetime.date.today().isoformat(),

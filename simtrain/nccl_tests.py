@@ -209,7 +209,9 @@ def _fit_class(hw: HardwareProfile, logs: list[Log], which: str) -> tuple[float 
 
 
 def fit_profile(hw: HardwareProfile, logs: list[Log]) -> tuple[HardwareProfile, dict]:
-    """Fit NVLink and NIC efficiencies of ``hw`` to nccl-tests ``logs``.
+    """Fit NVLink and NIC efficiencies of ``hw`` to nccl-tests ``logs``. The NIC efficiency is
+    fitted to every multi-node log (all-to-all ones too) and, once fitted, also prices NCCL's
+    all-to-all: the base's ``inter_node.alltoall_efficiency`` measured another cluster.
 
     Returns:
         ``(fitted profile, record)``: the record has per class the fitted efficiency (or None
@@ -228,12 +230,13 @@ def fit_profile(hw: HardwareProfile, logs: list[Log]) -> tuple[HardwareProfile, 
             raise SimtrainError(f"{lg.path}: {exc}") from None
     intra, n_intra = _fit_class(hw, single or multi, "intra")
     fitted = with_efficiencies(hw, intra or hw.intra_node.collective_efficiency, hw.inter_node.collective_efficiency)
-    inter, n_inter = _fit_class(fitted, multi, "inter") if multi else (None, 0)
+    one_nic = dataclasses.replace(fitted, inter_node=dataclasses.replace(fitted.inter_node, alltoall_efficiency=None))
+    inter, n_inter = _fit_class(one_nic, multi, "inter") if multi else (None, 0)
     if intra is None and inter is None:
         raise SimtrainError("--nccl-tests: no row is bandwidth-bound on NVLink or the NIC; give logs with large "
                             "sizes (e.g. -b 1M -e 8G)")
     if inter is not None:
-        fitted = with_efficiencies(fitted, fitted.intra_node.collective_efficiency, inter)
+        fitted = with_efficiencies(one_nic, fitted.intra_node.collective_efficiency, inter)
     residuals = []
     for lg in logs:
         for row in lg.rows:

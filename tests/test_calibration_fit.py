@@ -180,6 +180,9 @@ def test_base_profile_keeps_unmeasured_fabric(tmp_path):
     assert hw.inter_node.achieved_bandwidth_bytes_per_s == pytest.approx(h100.inter_node.achieved_bandwidth_bytes_per_s)
     assert hw.inter_node.collective_efficiency == 1.0 and hw.intra_node.collective_efficiency == 1.0
     assert hw.intra_node.bandwidth_bytes_per_s == pytest.approx(3 * GB, rel=1e-3)
+    # ... and NCCL's all-to-all keeps its achieved NIC rate (0.743 x 50 GB/s), not 0.743 x the folded 47
+    a2a = hw.inter_node.bandwidth_bytes_per_s * hw.inter_node.a2a_efficiency
+    assert a2a == pytest.approx(h100.inter_node.bandwidth_bytes_per_s * h100.inter_node.a2a_efficiency, rel=1e-3)
 
 
 @pytest.mark.parametrize("name", ["interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev"])

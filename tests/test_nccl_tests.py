@@ -46,6 +46,8 @@ def test_round_trip_fits_the_known_profile_back_within_2_percent():
     fitted, record = fit_profile(base, [parse_log(p) for p in LOGS])
     assert fitted.intra_node.collective_efficiency == pytest.approx(0.79, rel=0.02)
     assert fitted.inter_node.collective_efficiency == pytest.approx(0.91, rel=0.02)
+    assert base.inter_node.alltoall_efficiency is not None  # the shipped 4-node DGX H100 figure ...
+    assert fitted.inter_node.alltoall_efficiency is None  # ... gives way to the fitted NIC (alltoall log)
     assert record["intra_node_rows"] > 10 and record["inter_node_rows"] > 10
     big = [r for r in record["residuals"] if r["bytes"] >= 2**26]
     assert max(abs(r["error"]) for r in big) < 0.02
@@ -58,6 +60,7 @@ def test_calibrate_cli_writes_a_new_profile_with_a_calibration_record(tmp_path):
     assert "nccl-tests fit" in res.stdout and "8589934592" in res.stdout  # residuals per size
     hw = load_profile(out)
     assert hw.name == "fitted" and hw.intra_node.collective_efficiency == pytest.approx(0.79, rel=0.02)
+    assert hw.inter_node.alltoall_efficiency is None  # the written profile prices all-to-all at the fitted NIC
     rec = yaml.safe_load(out.read_text())["calibration"]
     assert rec["method"] == "nccl-tests" and len(rec["files"]) == 6 and rec["residuals"]
     again = runner.invoke(app, ["calibrate", "--nccl-tests", str(LOGS[0]), "--base", "h100-sxm", "--out", str(out)])

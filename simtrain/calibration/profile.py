@@ -175,11 +175,14 @@ def _fit_links(data: dict, meas: dict, base_name: str, record: dict) -> None:
             section.update(latency_us=sig(fit.latency_s * 1e6), bandwidth_gb_per_s=sig(fit.bandwidth_bytes_per_s / GB))
             section.pop("peer_bandwidth_gb_per_s", None)
             section.pop("efficiency", None)  # the measured bandwidth is the achieved one
+            section.pop("alltoall_efficiency", None)  # ... for NCCL's all-to-all too (the base's: another cluster)
             section.setdefault("name", "loopback (gloo)" if device == "cpu" else cls)
             record.setdefault("links", {})[cls] = {**fit.to_record(), "measured": True}
         elif section:  # keep the base's link, folding its (per-class, else link) efficiency into the bandwidth
             eff = section.pop("efficiency", old_eff)
             section["bandwidth_gb_per_s"] = sig(section["bandwidth_gb_per_s"] * eff)
+            if section.get("alltoall_efficiency"):  # still the same achieved all-to-all rate
+                section["alltoall_efficiency"] = sig(min(1.0, section["alltoall_efficiency"] / eff))
             if section.get("peer_bandwidth_gb_per_s"):
                 section["peer_bandwidth_gb_per_s"] = sig(section["peer_bandwidth_gb_per_s"] * eff)
             record.setdefault("links", {})[cls] = dict(measured=False, note=f"not measured: from {base_name}")

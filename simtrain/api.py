@@ -153,6 +153,9 @@ def _call_arguments(schedules: Any, op_times: Any, comm: Any) -> tuple[list[str]
     if not isinstance(schedules, (list, tuple)) or not schedules or not all(isinstance(n, str) for n in schedules):
         raise SimtrainError(f"schedules = {schedules!r}: expected a schedule name or a non-empty list of names "
                             "(e.g. ['1f1b'])")
+    twice = sorted({n for n in schedules if list(schedules).count(n) > 1})
+    if twice:
+        raise SimtrainError(f"schedules = {list(schedules)!r}: {twice[0]!r} is given twice")
     if op_times is not None:
         numbers = isinstance(op_times, (list, tuple)) and all(
             isinstance(t, (int, float)) and not isinstance(t, bool) for t in op_times)

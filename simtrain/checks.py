@@ -198,7 +198,7 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
                         "add '+waved-ep' to a schedule name, e.g. 1f1b+waved-ep")
     moe = model.moe is not None and parallel.ep > 1
     defaults = ParallelConfig()
-    for field in ("node_limit", "expert_imbalance", "dispatch_dtype", "a2a_links", "moe_coarsen"):
+    for field in ("node_limit", "expert_imbalance", "dispatch_dtype", "a2a_links", "moe_coarsen", "ep_kernel"):
         if not moe and getattr(parallel, field) != getattr(defaults, field):
             why = (f"{model.name} has no experts" if model.moe is None else "it needs expert parallelism (--ep > 1)")
             _not_applicable(f"--{field.replace('_', '-')}", field in given, f"applies to MoE all-to-all only, and {why}")

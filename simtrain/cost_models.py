@@ -74,6 +74,9 @@ def recompute_modules(recompute: str | None) -> str | None:
     """
     if recompute is None or recompute in RECOMPUTE_LEVELS:
         return None
+    if not isinstance(recompute, str):
+        raise SimtrainError(f"recompute = {recompute!r}: expected none, selective, full or a comma-separated "
+                            "string of module names (e.g. 'norm,mla_up')")
     costs_ops.parse_recompute(recompute)
     return recompute
 

@@ -135,3 +135,8 @@ def test_the_api_checks_the_dtype_as_compare_does():
         simtrain.simulate("llama3-8b", "h100-sxm", tp=8, dtype="fp64")
     with pytest.raises(SimtrainError, match="give --dtype with one of .*fp16"):
         simtrain.simulate("llama3-8b", "v100-sxm2", tp=8)
+
+
+def test_a_schedule_given_twice_is_refused_as_on_the_cli():
+    with pytest.raises(simtrain.SimtrainError, match="'1f1b' is given twice"):
+        simtrain.compare("llama3-8b", "h100-sxm", tp=8, schedules=("1f1b", "1f1b"))

@@ -140,7 +140,7 @@ def test_bad_channel_counts_are_refused():
     with pytest.raises(ValidationError):
         ProfileFile(**raw | dict(nccl_channels={"intra_node": 0, "inter_node": 4}))
     small = dataclasses.replace(A100, sms=32)
-    with pytest.raises(SimtrainError, match="nccl_channels = 40: must be below the 32 SMs"):
+    with pytest.raises(SimtrainError, match="nccl_channels = 40: must leave compute some of the 32 SMs"):
         run_schedule("1f1b", MODEL, small, ParallelConfig(pp=1, dp=16, microbatches=1, zero_stage=3, nccl_channels=40))
 
 
@@ -191,3 +191,15 @@ def test_only_collectives_that_compute_can_overlap_join_the_pool():
     inside = _overlap_windows(g.tasks, takers)
     assert takers == {0: {dp.tid: 16}}  # the chained TP collective is dropped
     assert [inside(t) for t in (f0, f1, b0, opt)] == [False, False, True, False]
+
+
+def test_channel_settings_that_cannot_apply_or_leave_no_sm_are_refused():
+    """A final review: nccl_channels did nothing on a profile without sms, and DeepEP's SMs plus
+    NCCL's could exceed the GPU's."""
+    m = load_model("llama3-8b")
+    with pytest.raises(SimtrainError, match="has no field 'sms'"):
+        run_schedule("1f1b", m, load_profile("mi300x"), ParallelConfig(dp=8, zero_stage=3, nccl_channels=32))
+    moe, h100 = load_model("mixtral-8x7b"), load_profile("h100-sxm")
+    with pytest.raises(SimtrainError, match="with ep_comm_sms = 120"):
+        run_schedule("1f1b", moe, h100, ParallelConfig(pp=4, dp=8, ep=8, microbatches=8, ep_comm_sms=120,
+                                                       nccl_channels=60))

@@ -76,3 +76,19 @@ def test_compare_reports_the_smaller_peak_for_a_module_list():
             for rc in ("none", "norm,swiglu", "full")}
     peak = {rc: max(r["peak_memory_bytes"]) for rc, r in rows.items()}
     assert peak["full"] < peak["norm,swiglu"] < peak["none"]
+
+
+def test_a_module_list_with_eager_kernels_is_refused_and_the_api_checks_its_type():
+    """A final review found reruns that cost time and freed nothing under --kernels eager, and an
+    AttributeError for recompute=['norm'] in the API."""
+    import simtrain
+    from simtrain.errors import SimtrainError
+
+    m, h = load_model("llama3-8b"), load_profile("h100-sxm")
+    p = ParallelConfig(pp=2, microbatches=4, kernels="eager")
+    with pytest.raises(SimtrainError, match="with --kernels eager"):
+        ops_runtime(m, p, h, "flash", "norm,swiglu")
+    ops_runtime(m, p, h, "flash", "every-second-mm")  # torchtitan's policy keeps its level's count
+    for bad in (["norm"], 5):
+        with pytest.raises(SimtrainError, match="recompute = "):
+            simtrain.simulate(model="llama3-8b", hardware="h100-sxm", tp=8, recompute=bad)

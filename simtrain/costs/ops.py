@@ -398,7 +398,7 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
 
     Raises:
         SimtrainError: ``attention`` is not flash/unfused, an unknown recompute module,
-            one the model lacks, ``every-second-mm`` with an MLA or MoE model, ``fp8`` other than gemms, or a GPU kind without kernel tables (or without an FP8 GEMM table).
+            one the model lacks, a module list with ``kernels: eager``, ``every-second-mm`` with an MLA or MoE model, ``fp8`` other than gemms, or a GPU kind without kernel tables (or without an FP8 GEMM table).
     """
     if attention not in ("flash", "unfused"):
         raise SimtrainError(f"attention = {attention!r}: choose flash or unfused")
@@ -417,6 +417,9 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
     check_moe(ctx)
     check_expert_parallel(model, parallel, hardware)  # before pricing an expert layer
     spec = recompute or parallel.recompute
+    if spec not in ("none", "selective", "full", EVERY_SECOND_MM) and parallel.kernels == "eager":
+        raise SimtrainError(f"--recompute = {spec!r} with --kernels eager: eager saved tensors are counted per block, "
+                            f"so reruns would free no memory; use none, selective, full or {EVERY_SECOND_MM}")
     if spec not in ("none", "selective", "full", EVERY_SECOND_MM):  # a module list: one layer of each kind
         kinds = {model.is_moe_layer(i): i for i in range(model.num_layers)}
         check_present(spec, model.name, {o.name for moe, i in kinds.items()

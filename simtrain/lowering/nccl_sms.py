@@ -116,14 +116,23 @@ def add_nccl_sms(low: Lowering) -> None:
     costs, or for a task already on a processor pool (``compute.processors_per_node``).
 
     Raises:
-        SimtrainError: ``parallel.nccl_channels`` not below the profile's ``sms``.
+        SimtrainError: ``parallel.nccl_channels`` set (> 0) on a profile without ``sms``, not
+            below the profile's ``sms``, or, with expert parallelism, not below what DeepEP's
+            ``ep_comm_sms`` leave (the two can run at once).
     """
     hardware, parallel = low.topology.hardware, low.topology.parallel
+    if hardware.sms is None and parallel.nccl_channels:
+        raise SimtrainError(f"parallel.nccl_channels = {parallel.nccl_channels}: hardware profile {hardware.name} "
+                            "has no field 'sms' (the GPU's streaming multiprocessors), so NCCL's SM share cannot apply; "
+                            "add sms to the profile or leave nccl_channels unset")
     if low.costs.fixed_op_times or hardware.sms is None:
         return
-    if parallel.nccl_channels is not None and parallel.nccl_channels >= hardware.sms:
-        raise SimtrainError(f"parallel.nccl_channels = {parallel.nccl_channels}: must be below the {hardware.sms} SMs "
-                            f"(sms) of hardware profile {hardware.name} (no SM would be left for compute)")
+    ep_sms = parallel.ep_comm_sms if parallel.ep > 1 and any(c.moe for c in low.costs.chunks) else 0
+    worst = max(parallel.nccl_channels if parallel.nccl_channels is not None else max(hardware.nccl_channels or (0,)), 0)
+    if worst and worst + ep_sms >= hardware.sms:
+        raise SimtrainError(f"parallel.nccl_channels = {worst}" + (f" with ep_comm_sms = {ep_sms}" if ep_sms else "")
+                            + f": must leave compute some of the {hardware.sms} SMs (sms) of hardware profile "
+                            f"{hardware.name}; allowed: below {hardware.sms - ep_sms}")
     takers: dict[int, dict[int, int]] = {}
     for task in low.graph.tasks:
         if task.category == "comm" and task.kind in NCCL_KINDS and task.duration_s > 0 and task.pool is None:

@@ -22,12 +22,10 @@ from .metrics import Report as _MetricsReport
 from .models import ModelSpec
 from .models import load_model as _load_model
 from .parallel import ParallelConfig
-from .checks import check_applicable, check_dtype
+from .checks import MAX_OP_TIME_S, check_applicable, check_dtype, check_schedule_names, op_times_ok
 from .cost_models import check_kernels, hfu, parse_cost_choice, recompute_modules
 from .export import check_output_path
-from .checks import MAX_OP_TIME_S
 from .scenario import ScheduleRun, run_schedule
-from .schedules import split_name
 
 __all__ = ["simulate", "compare", "load_model", "load_hardware", "Report", "Comparison"]
 
@@ -153,14 +151,11 @@ def _call_arguments(schedules: Any, op_times: Any, comm: Any) -> tuple[list[str]
     if not isinstance(schedules, (list, tuple)) or not schedules or not all(isinstance(n, str) for n in schedules):
         raise SimtrainError(f"schedules = {schedules!r}: expected a schedule name or a non-empty list of names "
                             "(e.g. ['1f1b'])")
-    twice = sorted({n for n in schedules if list(schedules).count(n) > 1})
-    if twice:
-        raise SimtrainError(f"schedules = {list(schedules)!r}: {twice[0]!r} is given twice")
+    check_schedule_names(list(schedules), "schedules")
     if op_times is not None:
         numbers = isinstance(op_times, (list, tuple)) and all(
             isinstance(t, (int, float)) and not isinstance(t, bool) for t in op_times)
-        if not numbers or len(op_times) != 3 or not all(0 <= t <= MAX_OP_TIME_S for t in op_times) \
-                or sum(op_times) <= 0:
+        if not numbers or not op_times_ok(op_times):
             raise SimtrainError(f"op_times = {op_times!r}: expected three numbers F, I, W from 0 to "
                                 f"{MAX_OP_TIME_S:g} seconds, at least one > 0, e.g. (1, 1, 1)")
         op_times = tuple(float(t) for t in op_times)
@@ -213,8 +208,6 @@ def compare(
     spec, hw, config = _inputs(model, hardware, dict(
         tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
         seq_len=seq_len, **options))
-    for name in schedules:
-        split_name(name)
     given = {k for k, v in dict(tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches,
                                microbatch_size=microbatch_size, seq_len=seq_len, **options).items() if v is not None}
     check_applicable(list(schedules), spec, hw, config, given)  # as the CLI: a setting that changes nothing is refused

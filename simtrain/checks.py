@@ -38,6 +38,29 @@ MAX_OP_TIME_S = 1e6
 """Largest fixed op-time (``--op-times``, a scenario's ``op_times``): 11 days per action. Larger
 values can only be a mistake, and near 1e308 the step time overflows to infinity."""
 
+
+def op_times_ok(values) -> bool:
+    """Whether ``values`` are fixed op-times as ``--op-times``, a scenario's ``op_times`` and the
+    API's ``op_times`` take them: three numbers F, I, W in seconds, each from 0 to
+    :data:`MAX_OP_TIME_S` (NaN fails), at least one > 0."""
+    return len(values) == 3 and all(0 <= v <= MAX_OP_TIME_S for v in values) and sum(values) > 0
+
+
+def check_schedule_names(names: list[str], where: str) -> None:
+    """Refuse an unknown schedule name (:func:`simtrain.schedules.split_name`) or one given twice.
+
+    Raises:
+        SimtrainError: one line starting with ``where`` (the flag, field or argument).
+    """
+    for n in names:
+        try:
+            split_name(n)
+        except SimtrainError as exc:
+            raise SimtrainError(f"{where}: {exc}") from None
+    twice = [n for n in names if names.count(n) > 1]
+    if twice:
+        raise SimtrainError(f"{where}: '{twice[0]}' is given twice")
+
 _STAGES_PER_RANK = {"zbv": 2, "dualpipe": 2, "dualpipev": 2, "v-half": 2, "v-min": 2}
 """Stages per rank of the schedules with a fixed count above 1 (README, table of schedules)."""
 _SPLIT_BACKWARD = {"interleaved-zb", "zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev", "v-half", "v-min"}

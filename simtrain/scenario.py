@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .checks import MAX_OP_TIME_S
+from .checks import MAX_OP_TIME_S, op_times_ok
 from .costs import StageCosts, stage_costs
 from .engine import SimResult, gc_paused, simulate
 from .errors import SimtrainError, load_yaml_file, validate_model
@@ -84,7 +84,7 @@ class Scenario(BaseModel):
     @field_validator("op_times")
     @classmethod
     def _op_times_valid(cls, v: tuple[float, float, float] | None) -> tuple[float, float, float] | None:
-        if v is not None and (not all(0 <= t <= MAX_OP_TIME_S for t in v) or sum(v) <= 0):
+        if v is not None and not op_times_ok(v):
             raise ValueError(f"each of F, I, W must be a number from 0 to {MAX_OP_TIME_S:g} seconds, at least one > 0")
         return v
     no_comm: bool = False

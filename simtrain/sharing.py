@@ -59,15 +59,22 @@ class Clock:
         self.queue, self.eid = self.env._queue, self.env._eid  # what Environment.schedule and step use
         self.now = 0.0
 
-    def after(self, delay_s: float, step: tuple) -> None:
+    def after(self, delay_s: float, step: tuple) -> Due | None:
         """Make ``step`` due ``delay_s`` seconds from now (a delay too small to move the clock
-        makes it due now, as it is in SimPy)."""
-        if self.now + delay_s == self.now:  # SimPy's time for the event
+        makes it due now, as it is in SimPy), pushed on the event heap as ``Environment.schedule``
+        does (``now`` is the environment's time wherever a pool calls this).
+
+        Returns:
+            The scheduled :class:`Due` (a pool may disarm it by replacing its ``step``), or None
+            for a step due now."""
+        due = self.now + delay_s
+        if due == self.now:  # SimPy's time for the event
             self.fifo.append(step)
-        else:
-            event = Due()
-            event.callbacks, event.step = self.callbacks, step
-            self.env.schedule(event, NORMAL, delay_s)
+            return None
+        event = Due()
+        event.callbacks, event.step = self.callbacks, step
+        heapq.heappush(self.queue, (due, NORMAL, next(self.eid), event))
+        return event
 
 
 class Due:

@@ -26,10 +26,6 @@ scheduled; the engine sees the finish only once.
 
 from __future__ import annotations
 
-from heapq import heappush
-
-from simpy.events import NORMAL
-
 from .sharing import STEP_FINISH, Clock, Due
 
 
@@ -79,14 +75,7 @@ class SmShare:
                 self._replan(task, state, now)
             return
         if now >= self.busy_until:  # no SM taken: exactly the engine's own scheduling of the task
-            clock, finish = self.clock, now + seconds
-            if finish == now:
-                clock.fifo.append((STEP_FINISH, tid))
-                return
-            event = Due()
-            event.callbacks, event.step = clock.callbacks, (STEP_FINISH, tid)
-            heappush(clock.queue, (finish, NORMAL, next(clock.eid), event))  # Environment.schedule, as the engine
-            self.running[tid] = [seconds, now, finish, event]
+            self.running[tid] = [seconds, now, now + seconds, self._schedule(tid, seconds)]
             return
         finish = self._finish_time(tid, seconds, now)
         self.running[tid] = [seconds, now, finish, self._schedule(tid, finish - now)]
@@ -151,15 +140,7 @@ class SmShare:
     def _schedule(self, tid: int, delay_s: float) -> Due | None:
         """Make ``(STEP_FINISH, tid)`` due ``delay_s`` from now, as the engine does for a task
         without a pool; returns the event (None when the delay is too small to move the clock)."""
-        clock = self.clock
-        finish = clock.now + delay_s
-        if finish == clock.now:
-            clock.fifo.append((STEP_FINISH, tid))
-            return None
-        event = Due()
-        event.callbacks, event.step = clock.callbacks, (STEP_FINISH, tid)
-        heappush(clock.queue, (finish, NORMAL, next(clock.eid), event))  # Environment.schedule, as the engine
-        return event
+        return self.clock.after(delay_s, (STEP_FINISH, tid))
 
 
 def _skip(tid: int) -> None:

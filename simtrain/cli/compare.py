@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from ..checks import (MAX_TASKS, check_applicable, check_dtype, check_finite, check_imported, check_simplified,
-                      check_structure)
+                      check_schedule_names, check_structure)
 from ..engine import DeadlockError
 from ..errors import SimtrainError
 from ..export import check_output_path, write_chrome_trace, write_output, write_trace_csv
@@ -22,7 +22,7 @@ from ..models import ModelSpec
 from ..parallel import ParallelConfig
 from ..progress import progress
 from ..scenario import ScheduleRun, run_schedule
-from ..schedules import Schedule, split_name
+from ..schedules import Schedule
 from ..schedules.io import read_torch_csv
 from ..cost_models import CostChoice, check_kernels, hfu, parse_cost_choice, recompute_modules, stage_breakdown
 from ..sweep import SweepSpec, parse_sweep, run_sweep, sweep_from_mapping, sweep_records
@@ -207,14 +207,7 @@ def _schedule_names(schedules: str | None, default: list[str], imported: Schedul
     if not names and imported is None:
         raise SimtrainError("--schedules: give at least one schedule name")
     where = "--schedules" if schedules is not None else f"{source}: field 'schedules'"
-    for n in names:
-        try:
-            split_name(n)
-        except SimtrainError as exc:
-            raise SimtrainError(f"{where}: {exc}") from None
-    twice = [n for n in names if names.count(n) > 1]
-    if twice:
-        raise SimtrainError(f"{where}: '{twice[0]}' is given twice")
+    check_schedule_names(names, where)
     return names
 
 

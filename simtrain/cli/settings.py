@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..checks import MAX_OP_TIME_S
+from ..checks import MAX_OP_TIME_S, op_times_ok
 from ..errors import SimtrainError
 from ..hardware import HardwareProfile, load_profile
 from ..importers import ImportedJob
@@ -71,7 +71,7 @@ def parse_op_times(text: str) -> tuple[float, float, float]:
         values = tuple(float(x) for x in text.split(","))
     except ValueError:
         values = ()
-    if len(values) != 3 or not all(0 <= v <= MAX_OP_TIME_S for v in values) or sum(values) <= 0:
+    if not op_times_ok(values):
         raise SimtrainError(f"--op-times = {text!r}: expected three numbers F,I,W from 0 to {MAX_OP_TIME_S:g} "
                             "seconds, at least one > 0, e.g. 1,1,1")
     return values  # type: ignore[return-value]

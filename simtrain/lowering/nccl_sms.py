@@ -128,7 +128,7 @@ def add_nccl_sms(low: Lowering) -> None:
     if low.costs.fixed_op_times or hardware.sms is None:
         return
     ep_sms = parallel.ep_comm_sms if parallel.ep > 1 and any(c.moe for c in low.costs.chunks) else 0
-    worst = max(parallel.nccl_channels if parallel.nccl_channels is not None else max(hardware.nccl_channels or (0,)), 0)
+    worst = parallel.nccl_channels if parallel.nccl_channels is not None else max(hardware.nccl_channels or (0,))
     if worst and worst + ep_sms >= hardware.sms:
         raise SimtrainError(f"parallel.nccl_channels = {worst}" + (f" with ep_comm_sms = {ep_sms}" if ep_sms else "")
                             + f": must leave compute some of the {hardware.sms} SMs (sms) of hardware profile "

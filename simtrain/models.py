@@ -60,6 +60,9 @@ class MoESpec(_Strict):
         num_shared_experts: experts every token passes through.
         first_dense_layers: leading layers with a dense FFN.
         router_bias: the router carries a per-expert bias (DeepSeek-V3's auxiliary-loss-free balancing).
+        activation_clamp: the routed experts' gated activation clamps its two halves at this value
+            before the GLU (Megatron-Core ``activation_func_clamp_value``, HF ``swiglu_limit``;
+            GPT-OSS 7.0); None: no clamp. Priced by :mod:`simtrain.costs.expert_epilogue`.
     """
 
     num_experts: int = Field(ge=1, le=MAX_DIM)
@@ -68,6 +71,7 @@ class MoESpec(_Strict):
     num_shared_experts: int = Field(default=0, ge=0, le=MAX_DIM)
     first_dense_layers: int = Field(default=0, ge=0, le=MAX_DIM)
     router_bias: bool = False
+    activation_clamp: float | None = Field(default=None, gt=0, le=1e6)
 
     @model_validator(mode="after")
     def _k_le_e(self) -> MoESpec:
@@ -144,6 +148,9 @@ class ModelSpec(_Strict):
                 f"hidden_size ({self.hidden_size}) must be divisible by num_heads "
                 f"({self.num_heads}) unless head_dim is given"
             )
+        if self.moe is not None and self.moe.activation_clamp is not None and self.activation != "swiglu":
+            raise ValueError(f"moe.activation_clamp ({self.moe.activation_clamp}) needs a gated activation "
+                             f"(activation: swiglu), not {self.activation}")
         if self.moe is not None and self.moe.first_dense_layers > self.num_layers:
             raise ValueError(
                 f"moe.first_dense_layers ({self.moe.first_dense_layers}) exceeds "

@@ -29,7 +29,9 @@ tp`` with expert parallelism, the sequence-parallel shard of :mod:`simtrain.moe`
   grouped GEMMs): the GEMM table's batch axis (``G`` GEMMs per call, clamped at its largest). With
   ``expert_imbalance = f`` the simulated (most loaded) rank's experts run at ``f M`` rows: their
   seconds are that rank's, their FLOPs the mean rank's (model FLOPs). Under ``--fp8 gemms`` they
-  run at the FP8 table's rate, as DeepSeek-V3's (§3.3).
+  run at the FP8 table's rate, as DeepSeek-V3's (§3.3). A clamped gated activation or biased
+  experts add Megatron-Core's eager element-wise kernels around them
+  (:mod:`simtrain.costs.expert_epilogue`).
 
 The FLOPs equal the flat model's exactly (:mod:`simtrain.costs.layers`, :func:`simtrain.moe.chunk_cost`):
 router ``2 T h E``, shared ``2 x 3 h f s`` per token (SwiGLU), routed ``k x 2 x 3 h f``.
@@ -48,6 +50,7 @@ import dataclasses
 from ..errors import SimtrainError
 from ..moe import MoEChunkCost, Segment
 from .ep_sms import bound_fractions
+from .expert_epilogue import epilogue_ops
 from .fp8 import fp8_cast
 from .mtp import MTP_INPUT, is_mtp_layer
 from .recompute import FULL
@@ -55,7 +58,8 @@ from .recompute import FULL
 ATTENTION_FFN = ("router", "ffn_up", "ffn_down", "activation")
 """Operators of :func:`simtrain.costs.ops._layer_ops` that an MoE layer replaces by its own."""
 EXPERT_OPS = ("expert_up", "expert_activation", "expert_down")
-"""The routed experts' operators (the MoE block's compute)."""
+"""The routed experts' operators (the MoE block's compute; with a clamped activation or biases also
+the eager ``expert_clamp`` / ``expert_bias`` of :mod:`simtrain.costs.expert_epilogue`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +145,7 @@ def _experts(ctx, pairs: float) -> list:
     width = pairs * imb * f / split
     f_b, i_b = (3, 5) if m.activation == "swiglu" else (2, 3)
     act = _memory("expert_activation", f_b * e * width, i_b * e * width, ctx)
-    ops = [mean(up), mean(act), mean(down)]
+    ops = [mean(up), mean(act), mean(down)] + [mean(o) for o in epilogue_ops(ctx, pairs * imb, f / split, groups)]
     if ctx.gemm_dtype == "fp8":  # the grouped GEMMs' inputs and G weights each (simtrain.costs.fp8)
         ops.append(mean(fp8_cast(ctx, [(pairs * imb, h, up_n, groups), (pairs * imb, f / split, h, groups)])))
     return ops

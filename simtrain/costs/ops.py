@@ -45,8 +45,9 @@ from ..moe import check_expert_parallel
 from ..parallel import ParallelConfig
 from .context import cp_declaration
 from .eager import eager_factors  # noqa: F401 (re-exported)
-from .fp8 import FP8_CAST, fp8_cast
+from .fp8 import fp8_cast
 from .kernels import KernelRates, rates_for
+from .launch import KERNELS, OWN_KERNELS, _kernels, _launch  # noqa: F401 (KERNELS re-exported)
 from .layers import linear_layers
 from .moe_ops import ATTENTION_FFN, check_moe, moe_chunk, moe_layer_ops
 from .mtp import mtp_ops
@@ -228,56 +229,6 @@ def _add(a: OpCost, b: OpCost) -> OpCost:
                   tuple(x + y for x, y in zip(a.kernels, b.kernels)))
 
 
-KERNELS = {
-    "gemm": (1, 1, 1), "attn_scores": (1, 2, 0), "attn_context": (1, 2, 0), "softmax": (1, 1, 0),
-    "attn_dropout": (1, 1, 0), "attention": (1, 3, 0), "norm": (2, 6, 0), "residual": (2, 2, 0),
-    "dropout": (2, 2, 0), "activation": (1, 1, 0), "rotary": (2, 2, 0), "embedding": (1, 1, 0),
-    "head:norm": (1, 3, 0), "head:cross_entropy": (6, 3, 0),
-    "router_topk": (3, 3, 0), "permute": (1, 1, 0), "unpermute": (1, 2, 0), "expert_activation": (1, 1, 0),
-}
-"""CUDA kernels per operator per layer in F, I and W, counted from Megatron-LM's transformer
-layer with its fused kernels (``megatron/model/transformer.py``, ``fused_softmax.py``,
-``fused_bias_gelu.py``, ``fused_layer_norm.py``, ``tensor_parallel/cross_entropy.py``): a linear
-layer is one GEMM per pass (bias added in its epilogue); the unfused attention is one
-strided-batched GEMM per product in F and two in I; the scale-mask-softmax, the GeLU and each
-dropout one kernel per pass; apex's LayerNorm one kernel forward and three backward (input
-gradient, partial and final gamma/beta gradients), two norms per layer; two residual adds (and
-their two gradient sums); FlashAttention-2 one forward and three backward kernels (pre-process,
-backward, dQ conversion; ``flash_attn/flash_attn_interface.py``); the vocabulary-parallel
-cross-entropy six forward kernels (max, subtract, exp, sum, log, target gather) and three backward.
-MoE (Megatron-Core ``TopKRouter`` and ``moe_utils``): the router's scoring, top-k and weight
-normalisation three kernels per pass; permute one gather (its backward one scatter-add); unpermute
-one weighted sum forward, two backward (input and routing-weight gradients); the routed experts'
-activation one per pass; a grouped GEMM one kernel per pass. Every other name (GEMMs) counts as ``gemm``."""
-
-
-def _kernels(name: str) -> tuple[int, int, int]:
-    """:data:`KERNELS` of operator ``name`` (GEMMs by default)."""
-    return KERNELS.get(name, KERNELS.get(name.removeprefix("head:"), KERNELS["gemm"]))
-
-
-def _launch(ops: list[OpCost], ctx: _Ctx) -> OpCost:
-    """The host's share of a chunk's passes: each pass issues its kernels one after another, each
-    costing the host ``host_per_kernel_s`` (eager dispatch + CUDA launch, ``op_data.yaml``).
-
-    * asynchronous launches (the default): the GPU cannot end a pass before its last kernel was
-      issued, so a pass lasts at least ``kernels x host_per_kernel_s``; the row is the excess
-      over the kernels' own seconds (0 when the GPU is the bottleneck, as for large layers);
-    * ``launch_blocking`` (``CUDA_LAUNCH_BLOCKING=1``): every launch waits for its kernel, so
-      the host time adds to every kernel: ``kernels x host_per_kernel_s``.
-    """
-    host = ctx.rates.host_per_kernel_s
-    kernels = tuple(sum(o.kernels[p] for o in ops) for p in range(3))
-    busy = tuple(sum(o.seconds[p] for o in ops) for p in range(3))
-    if ctx.parallel.launch_blocking:
-        secs = tuple(k * host for k in kernels)
-    elif not ctx.host_bound:  # a lower bound (simtrain.plan): no excess, so sums over layers stay below
-        secs = (0.0, 0.0, 0.0)
-    else:
-        secs = tuple(max(0.0, k * host - b) for k, b in zip(kernels, busy))
-    return OpCost("launch", (0.0,) * 3, (0.0,) * 3, secs, "host", kernels)
-
-
 def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has_head: bool,
                     params: float, cache: dict | None = None) -> list[OpCost]:
     """The operators of one chunk for one microbatch, summed over its layers (one row per name),
@@ -308,7 +259,7 @@ def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has
             rows[op.name] = _add(rows[op.name], op) if op.name in rows else op
             counts[op.name] = counts.get(op.name, 0) + 1
             w_counts[op.name] = w_counts.get(op.name, 0) + (not frozen or op.name == "lora")
-    ops = [o if o.name == FP8_CAST else  # fp8_cast counts its own kernels (simtrain.costs.fp8)
+    ops = [o if o.name in OWN_KERNELS else  # these count their own kernels (simtrain.costs.launch)
            dataclasses.replace(o, kernels=tuple(k * n for k, n in zip(_kernels(o.name), (counts[o.name],) * 2
                                                                       + (w_counts[o.name],))))
            for o in rows.values()]

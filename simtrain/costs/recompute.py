@@ -22,6 +22,9 @@ ALIASES = {"attn_core": ATTENTION_CORE, "swiglu": ("activation",), "gelu": ("act
            "mla_up": ("q_up", "kv_up"), "mlp": ("ffn_up", "activation", "ffn_down"), "ffn": ("ffn_up", "activation", "ffn_down"),
            "experts": ("expert_up", "expert_activation", "expert_down")}
 """Group names accepted by ``--recompute`` (DeepSeek-V3 §3.2.3 recomputes ``norm,mla_up``)."""
+_MODULE_PARTS = {"expert_activation": ("expert_clamp",)}
+"""Operators a named module reruns with it: Megatron-Core's ``moe_act`` checkpoint covers the whole
+``bias_act_func``, the eager clamps of a clamped activation included (:mod:`simtrain.costs.expert_epilogue`)."""
 FULL = "*"
 EVERY_SECOND_MM = "every-second-mm"
 """torchtitan's selective per-op activation checkpointing ("selective op", pytorch/torchtitan
@@ -59,6 +62,9 @@ def parse_recompute(spec: str) -> frozenset[str]:
         else:
             raise SimtrainError(f"--recompute = {spec!r}: unknown module {item!r}; choose none, selective, full, "
                                 f"{EVERY_SECOND_MM} or a comma-separated list of {', '.join(LAYER_OPS + tuple(ALIASES))}")
+    for name, parts in _MODULE_PARTS.items():
+        if name in names:
+            names.update(parts)
     return frozenset(names)
 
 

@@ -231,6 +231,17 @@ class ParallelConfig(NumbersNotBooleans):
             the profile's ``inter_node.alltoall_efficiency``) or ``fused`` (DeepEP / HybridEP's
             own kernels: the NIC at ``inter_node.efficiency``, as their measurements in
             :mod:`simtrain.deepep` count it).
+        expert_gemm: how the routed experts' GEMMs run (:mod:`simtrain.costs.moe_ops`):
+            ``grouped``, one grouped kernel of all local experts (DeepGEMM's grouped GEMMs), at the
+            GEMM table's batched rate; ``multi-stream``, Transformer Engine's ``GroupedLinear`` on
+            Hopper (Megatron-Core ``TEGroupedMLP``): one cuBLAS GEMM per local expert, each at
+            its own shape's single-GEMM rate, one kernel each (:mod:`simtrain.costs.unfused`).
+        rope_fusion: False runs the rotary embedding as Megatron-Core's unfused eager ops
+            (``_apply_rotary_pos_emb_bshd``; Megatron-Bridge turns the fusion off for YaRN;
+            :mod:`simtrain.costs.unfused`). Not with ``kernels: eager``, which prices it already.
+        bias_dropout_fusion: False (Megatron-Core's ``bias_dropout_fusion``) adds a linear layer's
+            bias before the residual add in a kernel of its own (models with biases;
+            :mod:`simtrain.costs.unfused`).
         a2a_links: ``shared``: dispatch and combine use the same link ports (a symmetric
             all-to-all loads both directions of every port); ``separate``: the combine gets its
             own lanes (the idealised full-duplex model of Waved-EP's flow shop).
@@ -311,6 +322,9 @@ class ParallelConfig(NumbersNotBooleans):
     ep_comm_sms: int = Field(default=20, ge=0, le=4096)
     nccl_channels: int | None = Field(default=None, ge=0, le=64)
     ep_kernel: Literal["nccl", "fused"] = "nccl"
+    expert_gemm: Literal["grouped", "multi-stream"] = "grouped"
+    rope_fusion: bool = True
+    bias_dropout_fusion: bool = True
     a2a_links: Literal["shared", "separate"] = "shared"
     waves: int | None = Field(default=None, ge=1)
     moe_coarsen: int = Field(default=1, ge=1)
@@ -351,6 +365,9 @@ class ParallelConfig(NumbersNotBooleans):
         if self.p2p_mode == "blocking" and self.zero_stage >= 2:
             raise ValueError(f"p2p_mode 'blocking' with zero_stage {self.zero_stage}: DeepSpeed's pipeline engine "
                              "runs ZeRO stage 0 or 1 only (choose zero_stage 0 or 1, or p2p_mode 'async')")
+        if not self.rope_fusion and self.kernels == "eager":
+            raise ValueError("rope_fusion false with kernels 'eager': eager kernels price the rotary embedding "
+                             "unfused already (keep rope_fusion true, or choose kernels 'fused')")
         return self
 
     @property

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from .expert_epilogue import EXPERT_BIAS, EXPERT_CLAMP
 from .fp8 import FP8_CAST
+from .unfused import BIAS_ADD, ROTARY
 
 if TYPE_CHECKING:
     from .ops import OpCost
@@ -73,6 +74,7 @@ def _launch(ops: list, ctx) -> OpCost:
     return OpCost("launch", (0.0,) * 3, (0.0,) * 3, secs, "host", kernels)
 
 
-OWN_KERNELS = (FP8_CAST, EXPERT_CLAMP, EXPERT_BIAS)
+OWN_KERNELS = (FP8_CAST, EXPERT_CLAMP, EXPERT_BIAS, ROTARY, BIAS_ADD, "expert_up", "expert_down")
 """Operators whose :class:`~simtrain.costs.ops.OpCost` carries its own kernel count (it depends on
-the shape: quantized tensors, local experts), kept as built instead of :data:`KERNELS`."""
+the shape or the code path: quantized tensors, local experts, fused or not;
+:mod:`simtrain.costs.unfused`), kept as built instead of :data:`KERNELS`."""

@@ -25,8 +25,10 @@ tp`` with expert parallelism, the sequence-parallel shard of :mod:`simtrain.moe`
 * **routed experts** (``expert_up``, ``expert_activation``, ``expert_down``): each GPU holds
   ``G = E / ep`` experts (all ``E``, tensor-parallel, when ep = 1) and receives ``R = T k``
   token-expert pairs (uniform routing, :mod:`simtrain.moe`), so each expert runs its two GEMMs at
-  ``M = R / G`` rows, as one grouped GEMM of ``G`` groups (Megatron-Core ``GroupedMLP``, DeepGEMM's
-  grouped GEMMs): the GEMM table's batch axis (``G`` GEMMs per call, clamped at its largest). With
+  ``M = R / G`` rows, as one grouped GEMM of ``G`` groups (``expert_gemm: grouped``: DeepGEMM's
+  grouped GEMMs): the GEMM table's batch axis (``G`` GEMMs per call, clamped at its largest); or
+  (``multi-stream``: Transformer Engine's ``GroupedLinear`` on Hopper) as ``G`` cuBLAS GEMMs, each
+  at its own shape's single-GEMM rate (:mod:`simtrain.costs.unfused`). With
   ``expert_imbalance = f`` the simulated (most loaded) rank's experts run at ``f M`` rows: their
   seconds are that rank's, their FLOPs the mean rank's (model FLOPs). Under ``--fp8 gemms`` they
   run at the FP8 table's rate, as DeepSeek-V3's (§3.3). A clamped gated activation or biased
@@ -54,6 +56,7 @@ from .expert_epilogue import epilogue_ops
 from .fp8 import fp8_cast
 from .mtp import MTP_INPUT, is_mtp_layer
 from .recompute import FULL
+from .unfused import expert_gemm_batch
 
 ATTENTION_FFN = ("router", "ffn_up", "ffn_down", "activation")
 """Operators of :func:`simtrain.costs.ops._layer_ops` that an MoE layer replaces by its own."""
@@ -140,8 +143,9 @@ def _experts(ctx, pairs: float) -> list:
     def mean(op: OpCost) -> OpCost:
         return dataclasses.replace(op, flops=tuple(x / imb for x in op.flops), bytes=tuple(x / imb for x in op.bytes))
 
-    up = _gemm("expert_up", rows, h, up_n, ctx, batch=groups).scaled(groups)
-    down = _gemm("expert_down", rows, f / split, h, ctx, batch=groups).scaled(groups)
+    batch, kernels = expert_gemm_batch(par, groups)  # one grouped kernel, or TE's per-expert GEMMs
+    up, down = (dataclasses.replace(_gemm(name, rows, k, n, ctx, batch=batch).scaled(groups), kernels=(kernels,) * 3)
+                for name, k, n in (("expert_up", h, up_n), ("expert_down", f / split, h)))
     width = pairs * imb * f / split
     f_b, i_b = (3, 5) if m.activation == "swiglu" else (2, 3)
     act = _memory("expert_activation", f_b * e * width, i_b * e * width, ctx)

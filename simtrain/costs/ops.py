@@ -56,6 +56,7 @@ from .recompute import (ALIASES, ATTENTION_CORE, EVERY_SECOND_MM, FULL, LAYER_OP
                         stored_reduction)
 from .trainable import adapter_ops, is_frozen, without_weight_pass
 from .types import StageCosts, grad_accumulate_bytes_per_param
+from .unfused import bias_add, rotary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,8 +208,8 @@ def _layer_ops(ctx: _Ctx, layer: int) -> list[OpCost]:
     if not m.learned_positions:  # MLA: only the rope parts, of every query head and the one shared key
         rope = ctx.tokens * ((m.num_heads + 1) * m.mla.qk_rope_head_dim if m.mla else
                              (m.num_heads + m.kv_heads) * m.q_head_dim) / tp
-        ops.append(_memory("rotary", 2 * e * rope, 2 * e * rope, ctx))
-    return ops
+        ops.append(rotary(ctx, rope))  # fused, or Megatron-Core's unfused ops (simtrain.costs.unfused)
+    return ops + bias_add(ctx, m.is_moe_layer(layer))
 
 
 def _head_ops(ctx: _Ctx) -> list[OpCost]:

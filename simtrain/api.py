@@ -22,7 +22,8 @@ from .metrics import Report as _MetricsReport
 from .models import ModelSpec
 from .models import load_model as _load_model
 from .parallel import ParallelConfig
-from .checks import MAX_OP_TIME_S, check_applicable, check_dtype, check_schedule_names, op_times_ok
+from .checks import (MAX_OP_TIME_S, MAX_TASKS, check_applicable, check_dtype, check_schedule_names, check_structure,
+                     op_times_ok)
 from .cost_models import check_kernels, hfu, parse_cost_choice, recompute_modules
 from .export import check_output_path
 from .scenario import ScheduleRun, run_schedule
@@ -172,7 +173,7 @@ def compare(
     tp: int | None = None, pp: int | None = None, dp: int | None = None, ep: int | None = None,
     vp: int | None = None, microbatches: int | None = None, microbatch_size: int | None = None,
     seq_len: int | None = None, op_times: tuple[float, float, float] | None = None, comm: bool = True,
-    cost_model: str = "auto",
+    cost_model: str = "auto", max_tasks: int = MAX_TASKS,
     **options: Any,
 ) -> Comparison:
     """Simulate one training step per schedule, as ``simtrain compare --model ... --hardware ...``.
@@ -187,6 +188,9 @@ def compare(
         comm: False makes all communication free (``--no-comm``).
         cost_model: ``auto`` (the per-operator model where the profile has kernel tables),
             ``flat`` or ``ops``, as ``compare --cost-model`` (:mod:`simtrain.cost_models`).
+        max_tasks: the ceiling on the estimated simulated tasks of all schedules, as ``compare
+            --max-tasks`` (default :data:`simtrain.checks.MAX_TASKS`; a run above it is refused
+            before anything is generated, :func:`simtrain.checks.check_structure`).
         **options: any other :class:`~simtrain.parallel.ParallelConfig` field (``dtype``,
             ``zero_stage``, ``recompute``, ``waves``, ``expert_imbalance``, ...); ``recompute`` also
             takes compare's module lists (``"norm,mla_up"``) and ``fp8="gemms"`` compare's ``--fp8``
@@ -197,10 +201,13 @@ def compare(
 
     Raises:
         SimtrainError: bad input, an unknown schedule, a setting that applies to none of the
-            schedules (e.g. ``vp`` without an interleaved one, as the CLI refuses), or a
-            configuration that cannot run (static memory over HBM, a model/parallel mismatch).
+            schedules (e.g. ``vp`` without an interleaved one, as the CLI refuses), a run estimated
+            above ``max_tasks``, or a configuration that cannot run (static memory over HBM, a
+            model/parallel mismatch).
     """
     schedules, op_times, comm = _call_arguments(schedules, op_times, comm)
+    if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 1:
+        raise SimtrainError(f"max_tasks = {max_tasks!r}: expected a whole number >= 1 (default {MAX_TASKS:,})")
     fp8 = options.pop("fp8", None)
     modules = recompute_modules(options.get("recompute"))  # a module list, as compare --recompute
     if modules:
@@ -211,6 +218,7 @@ def compare(
     given = {k for k, v in dict(tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches,
                                microbatch_size=microbatch_size, seq_len=seq_len, **options).items() if v is not None}
     check_applicable(list(schedules), spec, hw, config, given)  # as the CLI: a setting that changes nothing is refused
+    check_structure(schedules, spec, config, max_tasks, api=True)  # as the CLI: stages vs layers, the task ceiling
     choice = parse_cost_choice(cost_model, modules, fp8, hw.attention_kernel(config.attention), hw)
     check_kernels(choice, config)
     check_dtype(hw, config, choice.model == "ops", "dtype" if "dtype" in options else None)

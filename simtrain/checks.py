@@ -114,15 +114,20 @@ def estimate_tasks(name: str, model: ModelSpec, parallel: ParallelConfig) -> int
     return actions * per_action + stages * per_stage
 
 
-def _refuse_work(total: int, max_tasks: int, what: str) -> None:
+def _refuse_work(total: int, max_tasks: int, what: str, api: bool = False) -> None:
+    """Refuse ``total`` estimated tasks above ``max_tasks``; the advice names the CLI's flags, or
+    with ``api`` the Python API's arguments."""
     if total > max_tasks:
+        advice = (f"lower microbatches or pp, or pass max_tasks={total}" if api
+                  else f"lower --microbatches or --pp, or pass --max-tasks {total}")
         raise SimtrainError(
             f"{what} is about {total:,} tasks, above the ceiling of {max_tasks:,} (a few minutes and GB); "
-            f"lower --microbatches or --pp, or pass --max-tasks {total} to run it anyway")
+            f"{advice} to run it anyway")
 
 
 def check_structure(names: Iterable[str], model: ModelSpec, parallel: ParallelConfig,
-                    max_tasks: int = MAX_TASKS, sweep: tuple[str, list[int]] | None = None) -> int:
+                    max_tasks: int = MAX_TASKS, sweep: tuple[str, list[int]] | None = None,
+                    api: bool = False) -> int:
     """Refuse, before generating anything, schedules that cannot run or are too big to simulate.
 
     Args:
@@ -130,6 +135,8 @@ def check_structure(names: Iterable[str], model: ModelSpec, parallel: ParallelCo
         model, parallel: what runs.
         max_tasks: the ceiling on the estimated tasks of all schedules (and sweep points).
         sweep: ``(field, values)`` of a sweep, whose every point is simulated too.
+        api: the advice of a refusal names the Python API's arguments (``max_tasks=``), not
+            the CLI's flags (``--max-tasks``).
 
     Returns:
         The estimated tasks.
@@ -148,7 +155,7 @@ def check_structure(names: Iterable[str], model: ModelSpec, parallel: ParallelCo
                 _check_layers(name, chunks, model)
             total += estimate_tasks(name, model, point)
     _refuse_work(total, max_tasks, f"simulating {', '.join(names) or 'the schedule'} at pp {parallel.pp}, "
-                 f"{parallel.microbatches} microbatches" + (f" and {len(sweep[1])} sweep points" if sweep else ""))
+                 f"{parallel.microbatches} microbatches" + (f" and {len(sweep[1])} sweep points" if sweep else ""), api)
     return total
 
 

@@ -140,3 +140,18 @@ def test_the_api_checks_the_dtype_as_compare_does():
 def test_a_schedule_given_twice_is_refused_as_on_the_cli():
     with pytest.raises(simtrain.SimtrainError, match="'1f1b' is given twice"):
         simtrain.compare("llama3-8b", "h100-sxm", tp=8, schedules=("1f1b", "1f1b"))
+
+
+def test_the_api_keeps_the_task_ceiling_of_the_cli(monkeypatch):
+    """A review: simulate(pp=2, microbatches=10**9) ran for ever; `compare` refuses it at once."""
+    import simtrain.scenario as scenario
+
+    monkeypatch.setattr(scenario, "generate", lambda *a, **k: pytest.fail("generated a schedule"))
+    with pytest.raises(simtrain.SimtrainError, match=r"about 12,000,000,020 tasks, above the ceiling of 2,000,000.*"
+                                                     r"max_tasks=12000000020"):
+        simtrain.simulate("llama3-8b", "h100-sxm", pp=2, microbatches=10**9, schedule="1f1b")
+    with pytest.raises(simtrain.SimtrainError, match="above the ceiling of 10 "):
+        simtrain.simulate("llama3-8b", "h100-sxm", pp=2, microbatches=4, max_tasks=10)
+    for bad in (0, True, 2.5, "10"):
+        with pytest.raises(simtrain.SimtrainError, match="max_tasks = .*expected a whole number >= 1"):
+            simtrain.simulate("llama3-8b", "h100-sxm", max_tasks=bad)

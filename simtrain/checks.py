@@ -143,11 +143,13 @@ def check_structure(names: Iterable[str], model: ModelSpec, parallel: ParallelCo
 
     Raises:
         SimtrainError: more stages than layers (:func:`simtrain.costs.split_layers`'s message),
-            or an estimate above ``max_tasks``.
+            more layers than ``max_tasks`` (their costs are built per run), or an estimate
+            above ``max_tasks``.
     """
     names = list(names)
     total = 0
     points = [parallel] + ([parallel.model_copy(update={sweep[0]: v}) for v in sweep[1]] if sweep else [])
+    _check_layer_work(model, len(names) * len(points), max_tasks, api)
     for point in points:
         for name in names:
             _, chunks = stages_and_chunks(name, point.pp, point.vp)
@@ -157,6 +159,26 @@ def check_structure(names: Iterable[str], model: ModelSpec, parallel: ParallelCo
     _refuse_work(total, max_tasks, f"simulating {', '.join(names) or 'the schedule'} at pp {parallel.pp}, "
                  f"{parallel.microbatches} microbatches" + (f" and {len(sweep[1])} sweep points" if sweep else ""), api)
     return total
+
+
+def _check_layer_work(model: ModelSpec, runs: int, max_tasks: int, api: bool) -> None:
+    """Refuse a model whose per-layer costs alone are more work than ``max_tasks`` tasks.
+
+    Every run (schedule and sweep point) builds the costs of each of the model's layers (and MTP
+    blocks) before anything is simulated, at ~0.1 ms a layer here (30,000 layers of a small
+    model: ~3.6 s, ``simtrain compare``), about one simulated task's work (the engine's
+    5,000-10,000 tasks/s, :data:`MAX_TASKS`); so ``runs x layers`` is held to the same ceiling.
+
+    Raises:
+        SimtrainError: naming the model's ``num_layers`` field, its value and the ceiling.
+    """
+    layers = model.num_layers + model.mtp_depth
+    if runs * layers > max_tasks:
+        advice = f"max_tasks={runs * layers}" if api else f"--max-tasks {runs * layers}"
+        raise SimtrainError(
+            f"model {model.name}: field 'num_layers' = {model.num_layers}: every run builds each layer's costs "
+            f"(about one simulated task's work), and {runs} run(s) x {layers:,} layers is above the ceiling of "
+            f"{max_tasks:,} tasks; use fewer layers, or pass {advice} to run it anyway")
 
 
 def _check_layers(name: str, chunks: int, model: ModelSpec) -> None:

@@ -212,6 +212,22 @@ def test_task_estimate_bounds_the_engine(name, kw):
     assert tasks <= estimate_tasks(name, spec, par) <= 6 * tasks
 
 
+@pytest.mark.parametrize("layers", [3_000_000, 2**31 - 1])
+def test_a_model_of_millions_of_layers_is_refused_before_its_costs(tmp_path, monkeypatch, layers):
+    """A review: num_layers 3,000,000 (or 2^31 - 1, which the field allows) hung building every
+    layer's costs before the static-memory check; now one error naming the field, CLI and API."""
+    import simtrain
+    import simtrain.scenario as scenario
+
+    monkeypatch.setattr(scenario, "stage_costs", lambda *a, **k: pytest.fail("built the per-layer costs"))
+    text = (Path(simtrain.__file__).parent / "model_presets" / "llama3-8b.yaml").read_text()
+    (tmp_path / "m.yaml").write_text(text.replace("num_layers: 32", f"num_layers: {layers}"))
+    one_error(invoke("compare", "--model", tmp_path / "m.yaml", "--hardware", "h100-sxm", "--json"),
+              f"field 'num_layers' = {layers}", "above the ceiling of 2,000,000", "--max-tasks")
+    with pytest.raises(SimtrainError, match=f"field 'num_layers' = {layers}: .*max_tasks="):
+        simtrain.simulate(str(tmp_path / "m.yaml"), "h100-sxm")
+
+
 def test_ceiling_is_documented():
     assert f"{MAX_TASKS:,}" in (Path(__file__).parent.parent / "README.md").read_text()
 

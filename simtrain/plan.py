@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import heapq
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
-from .checks import EP_PAIRED, PAIRED
+from .checks import MAX_TASKS, check_structure
 from .cost_models import CostChoice, parse_cost_choice
 from .costs import StageCosts, split_layers, stage_costs
 from .errors import SimtrainError
@@ -31,23 +31,22 @@ from .hardware import HardwareProfile
 from .models import ModelSpec
 from .network import Topology
 from .parallel import ParallelConfig
-from .plan_bounds import (MeanBounds, aggregate, cheap_step_bound, divisors, mean_bounds, memory_bound, schedule_shape,
+from .plan_bounds import (MeanBounds, aggregate, cheap_step_bound, mean_bounds, memory_bound, schedule_shape,
                           scale_shape, shape_microbatches, step_bound)
+from .plan_space import MICROBATCH_SIZES, VIRTUAL_STAGES, Config, enumerate_space
 from .schedules import REGISTRY, Schedule, ScheduleError, ScheduleWarning, split_name
 
-MICROBATCH_SIZES = (1, 2, 4, 8)
-"""Sequences per microbatch tried (Megatron-LM 2021 §5.4.2 / Fig. 16 sweeps 1-8)."""
+__all__ = ["MICROBATCH_SIZES", "VIRTUAL_STAGES", "REASONS", "Config", "PlanRequest", "PlanResult", "enumerate_space",
+           "search", "summarise", "row_of", "config_of_row"]
 
-VIRTUAL_STAGES = (2, 3, 4, 6, 8)
-"""Stages per rank tried for interleaved schedules (vp = 1 is plain 1F1B); pp x vp <= layers."""
-
-REASONS = ("batch_divisibility", "redundant", "model_rules", "schedule_rules", "static_memory",
+REASONS = ("batch_divisibility", "redundant", "model_rules", "schedule_rules", "task_ceiling", "static_memory",
            "activation_memory", "step_time_bound", "simulation_error")
 """Why a configuration was not simulated, in the order tried: the global batch is not ``dp x b x m``; redundant
 (ZeRO-1 over one replica is ZeRO-0, interleaving on one pipeline rank runs its chunks in turn, Megatron's combined
 1F1B without EP has nothing to overlap, on one pipeline rank every pipeline order is one sequence: 1F1B's stands
 for them); the model cannot be split so (heads, layers, experts); the schedule's
-generator refuses (pp, m, vp); static or static + in-flight activation memory exceeds HBM (analytic bound); the
+generator refuses (pp, m, vp); its simulation is estimated above the task ceiling (``max_tasks``, as ``compare``
+refuses it: :func:`simtrain.checks.check_structure`); static or static + in-flight activation memory exceeds HBM (analytic bound); the
 step-time lower bound cannot beat the K-th best found; the simulation failed (e.g. deadlock)."""
 
 Objective = Literal["step-time", "tokens-per-gpu"]
@@ -70,6 +69,8 @@ class PlanRequest:
         zero_stages: ZeRO stages to try.
         top: how many of the best to keep (K).
         cost: the compute cost model of the simulations and the bounds; None: compare's default, ``auto``.
+        max_tasks: a configuration estimated above this many simulated tasks is pruned
+            (``task_ceiling``), as ``compare --max-tasks`` refuses it.
 
     Raises:
         SimtrainError: ``cost`` cannot run on ``model`` / ``hardware``, or sets ``recompute``.
@@ -87,6 +88,7 @@ class PlanRequest:
     zero_stages: tuple[int, ...] = (0, 1)
     top: int = 5
     cost: CostChoice | None = None
+    max_tasks: int = MAX_TASKS
 
     def __post_init__(self) -> None:
         cost = self.cost or parse_cost_choice("auto", None, None, self.hardware.attention_kernel(None),
@@ -106,75 +108,6 @@ class PlanRequest:
     def parallel(self, cfg: Config) -> ParallelConfig:
         """``cfg``'s :class:`ParallelConfig` with this request's sequence length and attention kernel."""
         return cfg.parallel(self.seq_len, self.cost.attention)
-
-
-@dataclass(frozen=True, order=True)
-class Config:
-    """One point of the space (the fields of a result row that say what runs)."""
-
-    tp: int
-    pp: int
-    dp: int
-    ep: int
-    vp: int
-    schedule: str
-    microbatch_size: int
-    microbatches: int
-    recompute: str
-    zero_stage: int
-
-    @property
-    def gpus(self) -> int:
-        """tp x pp x dp."""
-        return self.tp * self.pp * self.dp
-
-    @property
-    def paired(self) -> bool:
-        """Whether the schedule overlaps F&B pairs (:data:`simtrain.checks.PAIRED`: DualPipe, ...)."""
-        return split_name(self.schedule)[0] in PAIRED
-
-    def parallel(self, seq_len: int | None, attention: str = "flash") -> ParallelConfig:
-        """The :class:`ParallelConfig` that runs this point (``attention``: the kernel, flash or unfused)."""
-        return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, vp=self.vp, microbatches=self.microbatches,
-                              microbatch_size=self.microbatch_size, seq_len=seq_len, recompute=self.recompute,
-                              zero_stage=self.zero_stage, attention=attention)
-
-
-def enumerate_space(req: PlanRequest) -> Iterator[tuple[Config, str | None]]:
-    """Every point of the space, with the first cheap reason it cannot run (or None).
-
-    Yields:
-        ``(config, reason)``; reason is ``batch_divisibility``, ``redundant`` or None. A point
-        whose global batch does not divide keeps ``microbatches = 0``.
-    """
-    max_tp = req.max_tp or req.hardware.gpus_per_node
-    counts = divisors(req.gpus) if req.objective == "tokens-per-gpu" else [req.gpus]
-    moe = req.model.moe
-    plain = [n for n in req.schedules if "+" not in n and n not in EP_PAIRED]  # pipeline orders alone
-    one_stage = "1f1b" if "1f1b" in plain else (plain[0] if plain else None)  # what PP 1 keeps of them
-    for g in counts:
-        for tp in [t for t in divisors(g) if t <= max_tp]:
-            for pp in divisors(g // tp):
-                dp = g // (tp * pp)
-                eps = [e for e in divisors(dp * tp) if moe.num_experts % e == 0] if moe else [1]
-                for ep in eps:
-                    for b in MICROBATCH_SIZES:
-                        m, rest = divmod(req.global_batch, dp * b)
-                        for name in req.schedules:
-                            vps = [v for v in VIRTUAL_STAGES if pp * v <= req.model.num_layers] \
-                                if REGISTRY[name.split("+")[0]].uses_vp else [1]
-                            for vp in vps:
-                                for rc in req.recompute:
-                                    for z in req.zero_stages:
-                                        cfg = Config(tp, pp, dp, ep, vp, name, b, m if not rest else 0, rc, z)
-                                        if rest or m == 0:
-                                            yield cfg, "batch_divisibility"
-                                        elif (z == 1 and dp == 1 and (moe is None or ep == tp)) or (vp > 1 and pp == 1) \
-                                                or (ep == 1 and name.split("+")[0] in EP_PAIRED) \
-                                                or (pp == 1 and name in plain and name != one_stage):
-                                            yield cfg, "redundant"
-                                        else:
-                                            yield cfg, None
 
 
 @dataclass
@@ -344,6 +277,13 @@ def _screen(req: PlanRequest, caches: _Caches, cfg: Config) -> tuple[str | None,
     try:
         if num_chunks > req.model.num_layers:
             split_layers(req.model.num_layers, num_chunks)  # raises the model's own message
+    except SimtrainError as exc:
+        return "model_rules", 0.0, str(exc)
+    try:
+        check_structure([cfg.schedule], req.model, req.parallel(cfg), req.max_tasks)
+    except SimtrainError as exc:  # the layers are checked above: only the ceiling is left
+        return "task_ceiling", 0.0, str(exc)
+    try:
         costs = caches.reference(cfg) if num_chunks > 1 else caches.stage_costs(cfg, 1)
     except SimtrainError as exc:
         return "model_rules", 0.0, str(exc)
@@ -488,6 +428,10 @@ def _raise_nothing(req: PlanRequest, res: PlanResult) -> None:
     p = res.pruned
     rules = p["model_rules"] + p["schedule_rules"]
     first = res.errors.get("model_rules") or res.errors.get("schedule_rules") or res.errors.get("simulation_error", "")
+    if p["task_ceiling"] and not p["static_memory"] + p["activation_memory"] + rules:
+        raise SimtrainError(f"--global-batch {req.global_batch}: every configuration that can run is estimated above "
+                            f"the ceiling of {req.max_tasks:,} simulated tasks ({p['task_ceiling']:,} pruned; "
+                            "the microbatches grow with the batch); lower --global-batch, or raise --max-tasks")
     if p["static_memory"] + p["activation_memory"]:
         raise SimtrainError(f"--gpus {req.gpus}: no configuration fits in {req.hardware.name}'s HBM "
                             f"(analytic memory bound); {req.fit_advice}")

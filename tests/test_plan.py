@@ -21,7 +21,7 @@ from simtrain.errors import SimtrainError
 from simtrain.hardware import load_profile
 from simtrain.models import load_model
 from simtrain.parallel import ParallelConfig
-from simtrain.plan import REASONS, PlanRequest, enumerate_space, search, summarise
+from simtrain.plan import REASONS, PlanRequest, config_of_row, enumerate_space, search, summarise
 from simtrain.plan_backends import LocalBackend
 from simtrain.scenario import run_schedule
 
@@ -213,3 +213,27 @@ def test_ctrl_c_stops_the_workers_and_writes_nothing(tmp_path):
     time.sleep(0.5)
     for pid in children:
         assert not os.path.exists(f"/proc/{pid}") or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_configurations_above_the_task_ceiling_are_pruned_not_simulated():
+    """A review: --global-batch 20000 on 8 GPUs ran for minutes, 100000000 grew memory without
+    bound: every microbatch count was simulated. Above the ceiling a candidate is now pruned, as
+    `compare` refuses it; when nothing else is left, one error line."""
+    from simtrain.checks import estimate_tasks
+
+    req = PlanRequest(load_model("llama3-8b"), load_profile("h100-sxm"), gpus=8, global_batch=64, seq_len=1024,
+                      schedules=("1f1b",), recompute=("full",), zero_stages=(0,), top=1, max_tasks=300)
+    backend = LocalBackend(req.model, req.hardware, req.seq_len, 2)
+    try:
+        res = search(req, backend)
+    finally:
+        backend.close()
+    assert res.pruned["task_ceiling"] > 0 and res.evaluated > 0
+    for row in res.rows:
+        cfg = config_of_row(row)
+        assert estimate_tasks(cfg.schedule, req.model, req.parallel(cfg)) <= 300
+    res = invoke("plan", "--model", "llama3-8b", "--hardware", "h100-sxm", "--gpus", "8",
+                 "--global-batch", "100000000", "--json")
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "above the ceiling of 2,000,000 simulated tasks" in lines[0], res.output

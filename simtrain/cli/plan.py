@@ -17,6 +17,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..checks import MAX_TASKS
 from ..cost_models import parse_cost_choice
 from ..errors import SimtrainError
 from ..export import check_output_path, write_output
@@ -119,6 +120,8 @@ def plan(
     out_path: Annotated[Optional[Path], typer.Option("--out", help="HTML page to write")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result object as JSON")] = False,
     force: Annotated[bool, typer.Option("--force", help="overwrite --out if simtrain did not write it")] = False,
+    max_tasks: Annotated[int, typer.Option(
+        min=1, help="skip configurations estimated above this many simulated tasks (as compare refuses them)")] = MAX_TASKS,
 ) -> None:
     """Search the parallel configurations of N GPUs for the fastest that fits (branch and bound + simulation)."""
     if objective not in ("step-time", "tokens-per-gpu"):
@@ -129,7 +132,7 @@ def plan(
         seq_len=seq_len, schedules=_schedules(schedules), objective=objective, max_tp=max_tp,
         recompute=_split_list(recompute, "--recompute", ["none", "selective", "full"]),
         zero_stages=tuple(int(z) for z in _split_list(zero_stages, "--zero-stages", ["0", "1"])), top=top,
-        cost=parse_cost_choice(cost_model, None, fp8, hw.attention_kernel(attention), hw))
+        cost=parse_cost_choice(cost_model, None, fp8, hw.attention_kernel(attention), hw), max_tasks=max_tasks)
     if out_path is not None:
         check_output_path(out_path, "--out", ".html", [Path(p) for p in (model, hardware) if Path(p).is_file()], force)
     runner = make_backend(backend, req.model, req.hardware, seq_len, workers, ray_address)

@@ -146,6 +146,15 @@ def test_schedule_file_and_sweep_do_not_combine(tmp_path):
     assert res.exit_code == 2 and "--sweep cannot be combined with --schedule-file" in res.stderr
 
 
+def test_sweep_given_twice_is_a_usage_error():
+    """A review: the second --sweep silently replaced the first; a scenario's two-field sweep is refused."""
+    res = invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "2", "--sweep", "microbatches=4",
+                 "--sweep", "pp=2", "--json")
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert res.exit_code == 2 and len(errors) == 1 and res.stdout == "", res.output
+    assert "--sweep is given 2 times (microbatches=4, pp=2): a run sweeps one setting" in errors[0]
+
+
 @pytest.mark.parametrize("text", ["nan,1,1", "inf,1,1", "1,-1,1", "0,0,0"])
 def test_op_times_must_be_finite_and_non_negative(text):
     res = invoke("compare", *SMALL, "--op-times", text, "--json")

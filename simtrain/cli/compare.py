@@ -105,8 +105,9 @@ def compare(
     no_comm: Annotated[bool, typer.Option("--no-comm", help="make all communication free")] = False,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="HTML dashboard to write")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result rows as JSON instead of a table")] = False,
-    sweep: Annotated[Optional[str], typer.Option(
-        help="sweep one setting, e.g. microbatches=8,16,32,64 (also pp=, vp=, tp=, dp=, microbatch_size=)")] = None,
+    sweep: Annotated[Optional[list[str]], typer.Option(
+        help="sweep one setting, e.g. microbatches=8,16,32,64 (also pp=, vp=, tp=, dp=, microbatch_size=); "
+             "once per run")] = None,
     trace_path: Annotated[Optional[Path], typer.Option(
         "--trace", help="write a Chrome/Perfetto trace-event JSON file, gzipped if it ends in .json.gz "
         "(a process per rank, a thread per stream)")] = None,
@@ -211,13 +212,20 @@ def _schedule_names(schedules: str | None, default: list[str], imported: Schedul
     return names
 
 
-def _plan_compare(st: Settings, schedules: str | None, schedule_file: Path | None, sweep: str | None,
+def _plan_compare(st: Settings, schedules: str | None, schedule_file: Path | None, sweep: list[str] | None,
                   pp: int | None, microbatches: int | None) -> _ComparePlan:
-    """Read the schedule file and the sweep, and check they go together (see :class:`_ComparePlan`).
+    """Read the schedule file and the sweep (``--sweep`` as often as it was typed), and check they
+    go together (see :class:`_ComparePlan`).
 
     Raises:
-        SimtrainError: a bad schedule file, names or sweep, or a sweep with a schedule file.
+        SimtrainError: a bad schedule file, names or sweep, ``--sweep`` given more than once (a
+            run sweeps one setting, as a scenario file's ``sweep`` holds one field), or a sweep
+            with a schedule file.
     """
+    if sweep and len(sweep) > 1:
+        raise SimtrainError(f"--sweep is given {len(sweep)} times ({', '.join(sweep)}): a run sweeps one setting; "
+                            "give one --sweep (run compare once per setting)")
+    sweep = sweep[0] if sweep else None
     parallel, imported = st.parallel, None
     if schedule_file is not None:
         imported = read_torch_csv(schedule_file)

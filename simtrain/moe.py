@@ -47,6 +47,7 @@ compute from one MoE block to the next, then the block.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import comb
 
@@ -54,7 +55,7 @@ from .errors import SimtrainError
 from .hardware import HardwareProfile
 from .models import ModelSpec
 from .network import A2APart, Collective, Topology
-from .parallel import DTYPE_BYTES, ParallelConfig
+from .parallel import DTYPE_BYTES, ParallelConfig, flag_name
 
 DISPATCH_BYTES = {"bf16": 2, "fp8": 1}
 """Bytes per element of the dispatched activations."""
@@ -151,8 +152,14 @@ class MoEChunkCost:
 
 
 # --------------------------------------------------------------------------- validation
-def check_expert_parallel(model: ModelSpec, parallel: ParallelConfig, hardware: HardwareProfile) -> None:
+def check_expert_parallel(model: ModelSpec, parallel: ParallelConfig, hardware: HardwareProfile,
+                          name: Callable[[str, object], str] = flag_name) -> None:
     """Refuse expert-parallel settings that cannot run.
+
+    Args:
+        model, parallel, hardware: what runs where.
+        name: how a message names a setting, from its field and value (default: the flag,
+            ``--ep 4``; a scenario file's loader names the file's field instead).
 
     Raises:
         SimtrainError: ep > 1 on a dense model; ep not dividing dp x tp or the number of experts;
@@ -167,20 +174,20 @@ def check_expert_parallel(model: ModelSpec, parallel: ParallelConfig, hardware: 
         return
     if model.moe is None:
         raise SimtrainError(
-            f"--ep {ep}: model '{model.name}' is dense (no experts to shard); use --ep 1"
+            f"{name('ep', ep)}: model '{model.name}' is dense (no experts to shard); use --ep 1"
         )
     if (parallel.dp * parallel.tp) % ep:
         raise SimtrainError(
-            f"--ep {ep}: must divide dp x tp = {parallel.dp} x {parallel.tp} = {parallel.dp * parallel.tp} "
+            f"{name('ep', ep)}: must divide dp x tp = {parallel.dp} x {parallel.tp} = {parallel.dp * parallel.tp} "
             "(EP groups are carved out of the data- and tensor-parallel GPUs of a stage)"
         )
     if model.moe.num_experts % ep:
         raise SimtrainError(
-            f"--ep {ep}: must divide the {model.moe.num_experts} routed experts of '{model.name}'"
+            f"{name('ep', ep)}: must divide the {model.moe.num_experts} routed experts of '{model.name}'"
         )
     if parallel.expert_imbalance > ep:
         raise SimtrainError(
-            f"--expert-imbalance {parallel.expert_imbalance}: at most ep = {ep} (one rank receiving "
+            f"{name('expert_imbalance', parallel.expert_imbalance)}: at most ep = {ep} (one rank receiving "
             "every token)"
         )
     check_ep_sms(hardware, parallel)
@@ -188,7 +195,7 @@ def check_expert_parallel(model: ModelSpec, parallel: ParallelConfig, hardware: 
     places = {topo.ep_placement(p) for p in range(parallel.pp)}
     if len(places) > 1:
         raise SimtrainError(
-            f"--ep {ep}: the EP groups of different pipeline stages sit differently on nodes of "
+            f"{name('ep', ep)}: the EP groups of different pipeline stages sit differently on nodes of "
             f"{hardware.gpus_per_node} GPUs (dp x tp = {parallel.dp * parallel.tp}); choose dp x tp "
             "a multiple of the GPUs per node"
         )

@@ -117,6 +117,14 @@ MAX_GPUS = 1 << 24
 the group placements it prices hold one index per GPU of a group."""
 
 
+def flag_name(field: str, value: object) -> str:
+    """How an error names a :class:`ParallelConfig` setting typed as a command-line flag:
+    ``flag_name("microbatch_size", 4)`` is ``"--microbatch-size 4"``. Checks that take a ``name``
+    argument (e.g. :func:`simtrain.moe.check_expert_parallel`) default to it; a scenario file's
+    loader passes one naming the file and field instead (:func:`simtrain.cli.settings.setting_name`)."""
+    return f"--{field.replace('_', '-')} {value}"
+
+
 class ParallelConfig(NumbersNotBooleans):
     """Degrees of parallelism and the shape of one training step.
 

@@ -174,6 +174,22 @@ def test_scenario_field_errors_name_the_file(tmp_path):
     assert res.exit_code == 0 and [r["schedule"] for r in json.loads(res.stdout)] == ["1f1b"]
 
 
+def test_expert_parallel_errors_name_the_scenario_field_or_the_flag(tmp_path):
+    """A review: an ep set in a scenario file was reported as `--ep 4`, a flag nobody typed."""
+    sc = tmp_path / "s_ep4.yaml"
+    sc.write_text("model: mixtral-8x7b\nhardware: h100-sxm\nschedules: [1f1b]\n"
+                  "parallel: {tp: 2, dp: 3, ep: 4, pp: 2, microbatches: 4, seq_len: 1024}\n")
+    res = invoke("compare", str(sc), "--json")
+    assert res.exit_code == 2 and "error: " + str(sc) + ": field 'parallel.ep' = 4: must divide dp x tp = 3 x 2 = 6" \
+        in res.stderr.replace("\n", " "), res.stderr
+    res = invoke("compare", str(sc), "--ep", "4", "--json")  # typed: the flag, as before
+    assert res.exit_code == 2 and "error: --ep 4: must divide dp x tp = 3 x 2 = 6" in res.stderr, res.stderr
+    sc.write_text("model: mixtral-8x7b\nhardware: h100-sxm\nschedules: [1f1b]\n"
+                  "parallel: {dp: 8, ep: 8, pp: 2, microbatches: 4, seq_len: 1024, expert_imbalance: 9}\n")
+    res = invoke("compare", str(sc), "--json")
+    assert res.exit_code == 2 and "field 'parallel.expert_imbalance' = 9.0: at most ep = 8" in res.stderr, res.stderr
+
+
 def test_binary_file_given_as_yaml(tmp_path):
     png = tmp_path / "p.yaml"
     png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -14,17 +15,30 @@ from ..errors import SimtrainError
 from ..hardware import HardwareProfile, load_profile
 from ..importers import ImportedJob
 from ..models import ModelSpec, load_model
-from ..parallel import ParallelConfig
+from ..moe import check_expert_parallel
+from ..parallel import ParallelConfig, flag_name
 from ..scenario import DEFAULT_SCENARIO, Scenario, load_scenario
 from ..schedules import Schedule
 
-_FLAG_OF = {"microbatches": "--microbatches", "microbatch_size": "--microbatch-size", "seq_len": "--seq-len",
-            "zero_stage": "--zero-stage"}
-
-
 def flag_of(field: str) -> str:
     """The command-line flag of a ParallelConfig field (``microbatch_size`` -> ``--microbatch-size``)."""
-    return _FLAG_OF.get(field, f"--{field.replace('_', '-')}")
+    return f"--{field.replace('_', '-')}"
+
+
+def _label(field: str, given: set[str] | dict, source: str, names: dict[str, str] | None) -> str:
+    """A parallel setting's flag where it was typed, else the file's field (or an imported job's
+    own name of it in ``names``)."""
+    if field in given:
+        return flag_of(field)
+    return f"{source}: {(names or {}).get(field, f'field {chr(39)}parallel.{field}{chr(39)}')}"
+
+
+def setting_name(given: set[str], source: str, names: dict[str, str] | None = None) -> Callable[[str, object], str]:
+    """How an error names a parallel setting and its value: the flag where it was typed
+    (``--ep 4``, :func:`simtrain.parallel.flag_name`), else the file's field
+    (``s.yaml: field 'parallel.ep' = 4``; an imported job's own name of it in ``names``)."""
+    return lambda field, value: (flag_name(field, value) if field in given
+                                 else f"{_label(field, given, source, names)} = {value!r}")
 
 
 def parallel_from(base: dict, overrides: dict, source: str, names: dict[str, str] | None = None) -> ParallelConfig:
@@ -43,12 +57,9 @@ def parallel_from(base: dict, overrides: dict, source: str, names: dict[str, str
     """
     given = {k: v for k, v in overrides.items() if v is not None}
     merged = {**base, **given}
-    names = names or {}
 
     def where(field: str) -> str:
-        if field in given:
-            return flag_of(field)
-        return f"{source}: {names.get(field, f'field {chr(39)}parallel.{field}{chr(39)}')}"
+        return _label(field, given, source, names)
 
     try:
         return ParallelConfig.model_validate(merged)
@@ -113,8 +124,10 @@ def load_settings(scenario: Path | None, model: str | None, hardware: str | None
     parallel = parallel_from(file_parallel, overrides, source, job.fields if job else None)
     times = parse_op_times(op_times) if op_times else base.op_times
     spec = job.model if job is not None else load_model(model or base.model)
-    return Settings(base, source, flags_only, spec, load_profile(hardware or base.hardware),
-                    parallel, times, not (no_comm or base.no_comm))
+    hw = load_profile(hardware or base.hardware)
+    given = {k for k, v in overrides.items() if v is not None}
+    check_expert_parallel(spec, parallel, hw, setting_name(given, source, job.fields if job else None))
+    return Settings(base, source, flags_only, spec, hw, parallel, times, not (no_comm or base.no_comm))
 
 
 def fit_to_file(

@@ -134,10 +134,7 @@ def place(hw: HardwareProfile, gpus: int, gpus_per_node: int | None = None) -> G
         raise SimtrainError(f"--gpus = {gpus}: must be a multiple of --gpus-per-node ({per_node}) "
                             "when the group spans nodes")
     nodes = gpus // per_node
-    cluster = hw.inter_node.nodes
-    if cluster is not None and nodes > cluster:
-        raise SimtrainError(f"--gpus = {gpus}: needs {nodes} nodes of {per_node} GPUs, but '{hw.name}' has "
-                            f"{cluster} nodes (inter_node.nodes)")
+    hw.check_nodes(nodes, f"--gpus = {gpus}", per_node)
     return Group(gpus, per_node, nodes)
 
 

@@ -154,9 +154,7 @@ def estimate_ep(op: str, hw: HardwareProfile, ep: int, tokens: int, hidden: int,
         if v < 1:
             raise SimtrainError(f"{flag} = {v}: must be >= 1")
     r = routing(ep, hw.gpus_per_node, experts, topk, node_limit)
-    if hw.inter_node.nodes is not None and r.nodes > hw.inter_node.nodes:
-        raise SimtrainError(f"--ep = {ep}: needs {r.nodes} nodes, but '{hw.name}' has {hw.inter_node.nodes} nodes "
-                            "(inter_node.nodes)")
+    hw.check_nodes(r.nodes, f"--ep = {ep}")
     b = token_bytes(hidden, dispatch_dtype if op == "dispatch" else "bf16")
     nvl_rate = hw.intra_node.achieved_bandwidth_bytes_per_s
     nic_rate = hw.inter_node.achieved_bandwidth_bytes_per_s * min(1.0, hw.inter_node.nics_per_node / hw.gpus_per_node)

@@ -224,6 +224,23 @@ class HardwareProfile:
             )
         return self.peak_flops[dtype] * self.matmul_efficiency
 
+    def check_nodes(self, nodes: int, what: str, per_node: int | None = None) -> None:
+        """Refuse a placement on more nodes than the cluster has (``inter_node.nodes``; None: no bound).
+
+        Args:
+            nodes: nodes the placement spans.
+            what: the flag or setting that asks for them, for the message (``--gpus = 32``).
+            per_node: GPUs of the placement on each node, if the message should say it.
+
+        Raises:
+            SimtrainError: ``nodes`` above ``inter_node.nodes``.
+        """
+        cluster = self.inter_node.nodes
+        if cluster is not None and nodes > cluster:
+            of = f" of {per_node} GPUs" if per_node is not None else ""
+            raise SimtrainError(f"{what}: needs {nodes} nodes{of}, but '{self.name}' has {cluster} nodes "
+                                "(inter_node.nodes)")
+
     @property
     def nic_bandwidth_per_gpu_bytes_per_s(self) -> float:
         """Inter-node bandwidth one GPU gets, per direction: NIC bandwidth x min(1, NICs/GPUs)."""

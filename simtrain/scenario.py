@@ -176,8 +176,9 @@ def run_schedule(
         The :class:`ScheduleRun`.
 
     Raises:
-        SimtrainError: invalid schedule parameters, a model/parallel mismatch, static memory that
-            does not fit in HBM, or a schedule that deadlocks.
+        SimtrainError: invalid schedule parameters, a job on more nodes than the profile's cluster
+            (``inter_node.nodes``, :meth:`HardwareProfile.check_nodes`), a model/parallel mismatch,
+            static memory that does not fit in HBM, or a schedule that deadlocks.
     """
     with gc_paused():  # the graph's objects die before collection is back on (see gc_paused)
         return _run_schedule(schedule, model, hardware, parallel, op_times, comm, waved_ep, runtime)
@@ -194,6 +195,9 @@ def _run_schedule(
     runtime: Callable[[StageCosts], StageCosts] | None,
 ) -> ScheduleRun:
     """:func:`run_schedule` (with the garbage collector off)."""
+    gpn = hardware.gpus_per_node  # the job's GPUs fill whole nodes, consecutive ids per node
+    hardware.check_nodes(-(-parallel.world_size // gpn), f"tp x cp x pp x dp = {parallel.world_size:,} GPUs",
+                         min(gpn, parallel.world_size))
     if isinstance(schedule, str):
         base, variants = split_name(schedule)  # the name edge: "1f1b+waved-ep" = 1F1B run with Waved-EP
         waved_ep = waved_ep or "waved-ep" in variants

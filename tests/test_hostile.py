@@ -414,3 +414,21 @@ def test_divisors_are_every_divisor_in_order():
     for n in (1, 2, 12, 36, 97, 360, 1024):
         assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
     assert len(divisors(10**9)) == 100
+
+
+def test_the_cluster_node_count_bounds_compare_and_the_api_as_collective(tmp_path):
+    """A review: a profile with inter_node.nodes 1 refused `collective --gpus 32` but `compare --tp 8
+    --dp 4` ran on 4 nodes; now the same check (HardwareProfile.check_nodes) refuses both."""
+    import simtrain
+
+    text = H100.replace("name: h100-sxm", "name: one-node").replace("  nics_per_node: 8", "  nics_per_node: 8\n  nodes: 1")
+    assert "nodes: 1" in text
+    (tmp_path / "one.yaml").write_text(text)
+    args = ["compare", "--model", "llama3-8b", "--hardware", tmp_path / "one.yaml", "--seq-len", 1024, "--tp", 8,
+            "--schedules", "1f1b", "--json"]
+    one_error(invoke(*args, "--dp", 4), "tp x cp x pp x dp = 32 GPUs: needs 4 nodes of 8 GPUs", "has 1 nodes")
+    one_error(invoke("collective", "all-reduce", "--hardware", tmp_path / "one.yaml", "--gpus", 32),
+              "--gpus = 32: needs 4 nodes of 8 GPUs", "has 1 nodes (inter_node.nodes)")
+    assert invoke(*args).exit_code == 0  # 8 GPUs: one node
+    with pytest.raises(SimtrainError, match="needs 4 nodes of 8 GPUs, but 'one-node' has 1 nodes"):
+        simtrain.simulate("llama3-8b", str(tmp_path / "one.yaml"), tp=8, dp=4, seq_len=1024)

@@ -65,7 +65,10 @@ def test_validate_published_json_and_bad_flags(tmp_path, monkeypatch):
     rows = json.loads(res.stdout)
     assert len(rows) >= 10
     for r in rows:
-        assert {"case", "metric", "published", "predicted", "error"} <= set(r)
+        assert set(r) == {"case", "label", "metric", "published", "predicted", "error", "kind"}  # README's keys
+    kinds = {r["case"]: r["kind"] for r in rows}
+    assert kinds["R5-nccl-allreduce-8gpu"] == kinds["R4-deepep-h800"] == "collective"
+    assert kinds["R1-megatron-175b"] == "training" and set(kinds.values()) == {"training", "collective"}
     bad = runner.invoke(app, ["validate", "--published", "--cost-model", "magic"])
     assert bad.exit_code == 2 and "error: --cost-model" in bad.output
     missing = runner.invoke(app, ["validate"])

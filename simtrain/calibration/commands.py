@@ -296,7 +296,7 @@ def validate(
 
 def _validate_published(cost_model: str, as_json: bool) -> None:
     """``simtrain validate --published``: predict every figure of the published suite."""
-    from ..published import NETWORK_METRICS, rows_table, run_suite, summarise
+    from ..published import rows_table, run_suite, summarise
 
     from ..costs.kernels import has_kernel_tables
     from ..costs.ops import published_runtime
@@ -307,11 +307,11 @@ def _validate_published(cost_model: str, as_json: bool) -> None:
                if has_kernel_tables(hw) else None}.get(cost_model)
     rows = run_suite(runtime)
     if as_json:
-        print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+        print(json.dumps([r.to_row() for r in rows], indent=2))
         return
     out.print(rows_table(rows, f"simtrain ({cost_model} cost model) vs published real-cluster runs"))
-    network = [r for r in rows if r.metric in NETWORK_METRICS]
-    parts = [("training steps and memory", [r for r in rows if r.metric not in NETWORK_METRICS]), ("collectives", network)]
+    parts = [("training steps and memory", [r for r in rows if r.kind == "training"]),
+             ("collectives", [r for r in rows if r.kind == "collective"])]
     for what, subset in [p for p in parts if p[1] and len(p[1]) < len(rows)] + [("all", rows)]:
         s = summarise(subset)
         out.print(f"{what}: median |error| = {s['median_abs_error']:.1%}, max |error| = {s['max_abs_error']:.1%} "

@@ -145,7 +145,8 @@ class SuiteFile(_Strict):
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One figure compared: ``error = predicted / published - 1`` (units of ``metric``)."""
+    """One figure compared: ``error = predicted / published - 1`` (units of ``metric``);
+    ``label`` names the figure within its case."""
 
     case: str
     label: str
@@ -153,6 +154,15 @@ class Row:
     published: float
     predicted: float
     error: float
+
+    @property
+    def kind(self) -> str:
+        """``collective`` for a ``network`` case's bandwidth (:data:`NETWORK_METRICS`), else ``training``."""
+        return "collective" if self.metric in NETWORK_METRICS else "training"
+
+    def to_row(self) -> dict:
+        """The ``validate --published --json`` row: the fields, then ``kind``."""
+        return {**dataclasses.asdict(self), "kind": self.kind}
 
 
 Runtime = Callable[[ModelSpec, ParallelConfig, HardwareProfile, str, str | None, str | None], Callable | None]

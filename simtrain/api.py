@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+from numbers import Real
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,7 +132,23 @@ class Comparison(list):
 
 
 def _inputs(model, hardware, parallel: dict[str, Any]) -> tuple[ModelSpec, HardwareProfile, ParallelConfig]:
-    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    """The model, profile and parallel config of a call, each checked.
+
+    A ModelSpec is validated again (``model_copy(update=...)`` skips pydantic's checks), so a
+    bad field is named as in a model file.
+
+    Raises:
+        SimtrainError: a model or hardware that is neither a name, a path nor a spec/profile, or
+            an invalid field (naming it).
+    """
+    for arg, value, kind in (("model", model, ModelSpec), ("hardware", hardware, HardwareProfile)):
+        if not isinstance(value, (str, Path, kind)):
+            raise SimtrainError(f"{arg} = {value!r}: expected a name, a file path or a {kind.__name__}, "
+                                f"not {type(value).__name__}")
+    try:
+        spec = ModelSpec.model_validate(model.model_dump(warnings=False)) if isinstance(model, ModelSpec) else load_model(model)
+    except ValidationError as exc:
+        raise SimtrainError(describe_validation_error(exc, f"simtrain.simulate(model={model.name!r})")) from None
     hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
     try:
         config = ParallelConfig.model_validate({k: v for k, v in parallel.items() if v is not None})
@@ -142,7 +159,8 @@ def _inputs(model, hardware, parallel: dict[str, Any]) -> tuple[ModelSpec, Hardw
 
 def _call_arguments(schedules: Any, op_times: Any, comm: Any) -> tuple[list[str], tuple[float, float, float] | None, bool]:
     """:func:`compare`'s ``schedules`` (one name or a non-empty list of names), ``op_times``
-    (three numbers F, I, W in seconds, as ``--op-times``) and ``comm`` (a bool), checked.
+    (any sequence of three numbers F, I, W in seconds, as ``--op-times``: a tuple, a list, a
+    numpy array) and ``comm`` (a bool), checked.
 
     Raises:
         SimtrainError: one line naming the argument, its value and what is allowed.
@@ -154,12 +172,13 @@ def _call_arguments(schedules: Any, op_times: Any, comm: Any) -> tuple[list[str]
                             "(e.g. ['1f1b'])")
     check_schedule_names(list(schedules), "schedules")
     if op_times is not None:
-        numbers = isinstance(op_times, (list, tuple)) and all(
-            isinstance(t, (int, float)) and not isinstance(t, bool) for t in op_times)
-        if not numbers or not op_times_ok(op_times):
+        values = None if isinstance(op_times, (str, bytes, dict)) or not hasattr(op_times, "__iter__") \
+            else list(op_times)
+        numbers = values is not None and all(isinstance(t, Real) and not isinstance(t, bool) for t in values)
+        if not numbers or not op_times_ok([float(t) for t in values]):
             raise SimtrainError(f"op_times = {op_times!r}: expected three numbers F, I, W from 0 to "
                                 f"{MAX_OP_TIME_S:g} seconds, at least one > 0, e.g. (1, 1, 1)")
-        op_times = tuple(float(t) for t in op_times)
+        op_times = tuple(float(t) for t in values)
     if not isinstance(comm, bool):
         raise SimtrainError(f"comm = {comm!r}: expected True or False")
     return list(schedules), op_times, comm

@@ -139,26 +139,59 @@ def check_structure(names: Iterable[str], model: ModelSpec, parallel: ParallelCo
             the CLI's flags (``--max-tasks``).
 
     Returns:
-        The estimated tasks.
+        The estimated tasks (:func:`check_work`).
 
     Raises:
         SimtrainError: more stages than layers (:func:`simtrain.costs.split_layers`'s message),
-            more layers than ``max_tasks`` (their costs are built per run), or an estimate
-            above ``max_tasks``.
+            a sequence that sequence parallelism cannot shard (:func:`check_sequence_parallel`),
+            or too much work (:func:`check_work`).
     """
     names = list(names)
-    total = 0
+    for name in names:
+        _check_layers(name, stages_and_chunks(name, parallel.pp, parallel.vp)[1], model)
+    check_sequence_parallel(model, parallel)
+    return check_work(names, model, parallel, max_tasks, sweep, api)
+
+
+def check_work(names: list[str], model: ModelSpec, parallel: ParallelConfig, max_tasks: int = MAX_TASKS,
+               sweep: tuple[str, list[int]] | None = None, api: bool = False) -> int:
+    """Refuse a run whose work is above ``max_tasks``: the per-layer costs every run builds, and
+    the estimated tasks of all schedules and sweep points (:func:`estimate_tasks`). Arguments as
+    :func:`check_structure`'s.
+
+    Returns:
+        The estimated tasks.
+
+    Raises:
+        SimtrainError: more layers than ``max_tasks`` (their costs are built per run), or an
+            estimate above ``max_tasks``.
+    """
     points = [parallel] + ([parallel.model_copy(update={sweep[0]: v}) for v in sweep[1]] if sweep else [])
     _check_layer_work(model, len(names) * len(points), max_tasks, api)
-    for point in points:
-        for name in names:
-            _, chunks = stages_and_chunks(name, point.pp, point.vp)
-            if point is parallel:
-                _check_layers(name, chunks, model)
-            total += estimate_tasks(name, model, point)
+    total = sum(estimate_tasks(name, model, point) for point in points for name in names)
     _refuse_work(total, max_tasks, f"simulating {', '.join(names) or 'the schedule'} at pp {parallel.pp}, "
                  f"{parallel.microbatches} microbatches" + (f" and {len(sweep[1])} sweep points" if sweep else ""), api)
     return total
+
+
+def check_sequence_parallel(model: ModelSpec, parallel: ParallelConfig) -> None:
+    """Refuse sequence parallelism (on by default with tp > 1) over a sequence share that tp
+    does not divide: it shards each GPU's ``seq_len / cp`` tokens over the tp GPUs (Megatron-LM
+    ``arguments.py`` asserts ``seq_length % tensor_model_parallel_size == 0`` with
+    ``--sequence-parallel``). A ``seq_len`` that ``cp`` does not divide is
+    :func:`simtrain.costs.context.check_context_parallel`'s to refuse.
+
+    Raises:
+        SimtrainError: naming seq_len, tp and how to fix it.
+    """
+    s, tp, cp = parallel.seq_len or model.seq_len, parallel.tp, parallel.cp
+    if not parallel.sequence_parallel or tp == 1 or s % cp or (s // cp) % tp == 0:
+        return
+    where = f"seq_len = {s}" + ("" if parallel.seq_len else f" (model {model.name}'s default)")
+    share = f" / cp {cp} = {s // cp} tokens per GPU" if cp > 1 else ""
+    raise SimtrainError(f"{where}{share} with tp = {tp} and sequence parallelism (the default with tp > 1): tp must "
+                        f"divide it, as Megatron-LM asserts; give a seq_len that is a multiple of {tp * cp}, or "
+                        "sequence_parallel: false")
 
 
 def _check_layer_work(model: ModelSpec, runs: int, max_tasks: int, api: bool) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
-from .checks import MAX_TASKS, check_structure
+from .checks import MAX_TASKS, check_sequence_parallel, check_work
 from .cost_models import CostChoice, parse_cost_choice
 from .costs import StageCosts, split_layers, stage_costs
 from .errors import SimtrainError
@@ -46,7 +46,7 @@ REASONS = ("batch_divisibility", "redundant", "model_rules", "schedule_rules", "
 1F1B without EP has nothing to overlap, on one pipeline rank every pipeline order is one sequence: 1F1B's stands
 for them); the model cannot be split so (heads, layers, experts); the schedule's
 generator refuses (pp, m, vp); its simulation is estimated above the task ceiling (``max_tasks``, as ``compare``
-refuses it: :func:`simtrain.checks.check_structure`); static or static + in-flight activation memory exceeds HBM (analytic bound); the
+refuses it: :func:`simtrain.checks.check_work`); static or static + in-flight activation memory exceeds HBM (analytic bound); the
 step-time lower bound cannot beat the K-th best found; the simulation failed (e.g. deadlock)."""
 
 Objective = Literal["step-time", "tokens-per-gpu"]
@@ -277,11 +277,12 @@ def _screen(req: PlanRequest, caches: _Caches, cfg: Config) -> tuple[str | None,
     try:
         if num_chunks > req.model.num_layers:
             split_layers(req.model.num_layers, num_chunks)  # raises the model's own message
+        check_sequence_parallel(req.model, req.parallel(cfg))
     except SimtrainError as exc:
         return "model_rules", 0.0, str(exc)
     try:
-        check_structure([cfg.schedule], req.model, req.parallel(cfg), req.max_tasks)
-    except SimtrainError as exc:  # the layers are checked above: only the ceiling is left
+        check_work([cfg.schedule], req.model, req.parallel(cfg), req.max_tasks)
+    except SimtrainError as exc:
         return "task_ceiling", 0.0, str(exc)
     try:
         costs = caches.reference(cfg) if num_chunks > 1 else caches.stage_costs(cfg, 1)

@@ -155,3 +155,27 @@ def test_the_api_keeps_the_task_ceiling_of_the_cli(monkeypatch):
     for bad in (0, True, 2.5, "10"):
         with pytest.raises(simtrain.SimtrainError, match="max_tasks = .*expected a whole number >= 1"):
             simtrain.simulate("llama3-8b", "h100-sxm", max_tasks=bad)
+
+
+def test_the_api_checks_a_spec_op_times_sequences_types_and_sequence_parallel_shards():
+    """A review's minor cases: a ModelSpec changed with model_copy was not validated again (a NaN
+    width reached the cost model), a numpy op_times was refused, a dict model read as a file name,
+    and seq_len 7 ran on tp 8 with sequence parallelism."""
+    import numpy as np
+
+    spec = simtrain.load_model("llama3-8b")
+    with pytest.raises(simtrain.SimtrainError, match="field 'hidden_size' = nan: Input should be a finite number"):
+        simtrain.simulate(spec.model_copy(update={"hidden_size": float("nan")}), "h100-sxm")
+    with pytest.raises(simtrain.SimtrainError, match=r"model = \{'layers': 2\}: expected a name, a file path or a "
+                                                     "ModelSpec, not dict"):
+        simtrain.simulate({"layers": 2}, "h100-sxm")
+    with pytest.raises(simtrain.SimtrainError, match="hardware = 3: expected a name"):
+        simtrain.simulate("llama3-8b", 3)
+    as_tuple = simtrain.simulate("llama3-8b", "h100-sxm", pp=2, microbatches=4, op_times=(1, 1, 1))
+    as_array = simtrain.simulate("llama3-8b", "h100-sxm", pp=2, microbatches=4, op_times=np.array([1., 1., 1.]))
+    assert as_array.step_time_s == as_tuple.step_time_s > 0
+    with pytest.raises(simtrain.SimtrainError, match="expected three numbers"):
+        simtrain.simulate("llama3-8b", "h100-sxm", op_times=np.array([1., np.nan, 1.]))
+    with pytest.raises(simtrain.SimtrainError, match="seq_len = 7 with tp = 8 and sequence parallelism"):
+        simtrain.simulate("llama3-8b", "h100-sxm", tp=8, seq_len=7)
+    simtrain.simulate("llama3-8b", "h100-sxm", tp=8, seq_len=7, sequence_parallel=False, pp=2, microbatches=2)

@@ -147,7 +147,8 @@ class ParallelConfig(NumbersNotBooleans):
             also parameters (FSDP: all-gathered per layer before each F and B, see
             :mod:`simtrain.lowering.zero`).
         recompute: activation recomputation (Korthikanti et al. 2022): ``none`` stores everything,
-            ``selective`` recomputes attention scores (what FlashAttention gives for free),
+            ``selective`` reruns the attention core in the backward (Megatron's core_attn); with
+            ``flash`` that costs the kernel's forward again and frees nothing (no scores are stored),
             ``full`` stores only each layer's input and reruns its forward in the backward.
         attention: the attention kernel: ``flash`` (a fused kernel, FlashAttention; Dao 2023,
             FlashAttention-2, §3.1: the forward keeps only the softmax log-sum-exp per query row

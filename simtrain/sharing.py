@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from itertools import chain
 
 import simpy
 from simpy.events import NORMAL
@@ -90,72 +89,87 @@ class Ports:
     """Capacity-1 resources taken all at once (see :mod:`simtrain.engine`).
 
     Free requests are granted by the engine itself (:attr:`busy` is disjoint from what it
-    wants); :meth:`wait` queues the others. Waiting requests are kept in one queue per resource
-    they want, numbered in arrival order. A release can only grant requests that want a released
-    resource (every other one still waits for a resource that stays busy), so only those are
-    tried, oldest first: the same grants, in the same order, as trying every waiting request in
-    arrival order. A grant is the step ``(STEP_START, tid)`` on the clock's lane.
+    wants); :meth:`wait` queues the others, numbered in arrival order, in one queue per *class*:
+    the tuple of resource names a request wants. A release can only grant requests that want a
+    released resource (every other one still waits for a resource that stays busy), and of a
+    class only its oldest request: a later one wants the same resources, which the oldest leaves
+    busy if it is granted and which are not all free if it is not. So the oldest request of
+    each class that wants a released resource is tried, oldest first: the same grants, in the
+    same order, as trying every waiting request in arrival order. A grant is the step
+    ``(STEP_START, tid)`` on the clock's lane.
 
     Attributes:
         busy: names of the resources held now.
-        queues: resource name -> waiting requests ``(seq, wanted names, tid)`` (granted ones
-            are dropped lazily); empty when nothing waits.
+        queues: class (tuple of names) -> its waiting requests ``(seq, tid)``, oldest first;
+            only classes with a waiting request (empty when nothing waits).
+        wanting: resource name -> the classes in :attr:`queues` that want it.
     """
 
     def __init__(self, clock: Clock):
         self.clock = clock
         self.busy: set[str] = set()
-        self.queues: dict[str, deque[tuple[int, tuple[str, ...], int]]] = {}
-        self.granted: set[int] = set()  # seqs granted since they queued (dropped from queues lazily)
+        self.queues: dict[tuple[str, ...], deque[tuple[int, int]]] = {}
+        self.wanting: dict[str, list[tuple[str, ...]]] = {}
         self.seq = 0
 
     def wait(self, names: tuple[str, ...], tid: int) -> None:
         """Queue task ``tid``'s request for ``names`` (some of them are busy)."""
         self.seq += 1
-        entry = (self.seq, names, tid)
-        queues = self.queues
+        queue = self.queues.get(names)
+        if queue is not None:
+            queue.append((self.seq, tid))
+            return
+        self.queues[names] = deque(((self.seq, tid),))
+        wanting = self.wanting
         for name in names:
-            queue = queues.get(name)
-            if queue is None:
-                queues[name] = deque((entry,))
+            classes = wanting.get(name)
+            if classes is None:
+                wanting[name] = [names]
             else:
-                queue.append(entry)
+                classes.append(names)
 
     def grant(self, names: tuple[str, ...]) -> None:
         """``names`` were just freed (removed from :attr:`busy`): grant every waiting request
-        that can now take all it needs, oldest first. Every candidate wants a freed resource, so
-        once all of them are taken again no later candidate can be granted: the scan stops
-        there instead of reading the whole queues."""
-        busy, granted, queues = self.busy, self.granted, self.queues
-        waiting = []
+        that can now take all it needs, oldest first (see the class docstring). Once every freed
+        resource is taken again no later candidate can be granted: the scan stops there."""
+        wanting = self.wanting
+        found = None
         for name in names:
-            queue = queues.get(name)
-            if queue is None:
-                continue
-            while queue and queue[0][0] in granted:  # granted since it queued: drop it
-                queue.popleft()
-            if queue:
-                waiting.append(queue)
-            else:
-                del queues[name]
-        if not waiting:
+            classes = wanting.get(name)
+            if classes:
+                if found is None:
+                    found = classes[:]
+                else:
+                    found += [c for c in classes if c not in found]
+        if found is None:
             return
-        push, last = self.clock.fifo.append, 0
-        if len(waiting) == 1:
-            candidates = waiting[0]
-        else:  # the oldest candidate first, alone: most often it takes every freed resource again,
-            # and the merge (which yields it again, then skipped) never starts
-            candidates = chain((min([queue[0] for queue in waiting]),), heapq.merge(*waiting))
-        for seq, wanted, tid in candidates:
-            if seq == last or seq in granted:  # in two of the queues, or granted before
-                continue
-            last = seq
+        busy = self.busy
+        if len(found) == 1:  # (most often: the oldest waiting class wants what was freed)
+            if busy.isdisjoint(found[0]):
+                self._take(found[0])
+            return
+        queues = self.queues
+        found.sort(key=lambda c: queues[c][0][0])
+        for wanted in found:
             if busy.isdisjoint(wanted):
-                busy.update(wanted)
-                granted.add(seq)
-                push((STEP_START, tid))
+                self._take(wanted)
                 if busy.issuperset(names):
                     return
+
+    def _take(self, wanted: tuple[str, ...]) -> None:
+        """Grant the oldest waiting request of class ``wanted`` (all of it is free)."""
+        self.busy.update(wanted)
+        queue = self.queues[wanted]
+        self.clock.fifo.append((STEP_START, queue.popleft()[1]))
+        if not queue:
+            del self.queues[wanted]
+            wanting = self.wanting
+            for name in wanted:
+                classes = wanting[name]
+                if len(classes) == 1:
+                    del wanting[name]
+                else:
+                    classes.remove(wanted)
 
 
 class SharedProcessors:

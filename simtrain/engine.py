@@ -206,7 +206,7 @@ class _Run:
         popleft, push = fifo.popleft, fifo.append
         processed, waiters, pending, nexts = self.processed, self.waiters, self.pending, self.next_in_stream
         start_s, end_s, ended, mem_log = self.start_s, self.end_s, self.order.append, self.mem_log.append
-        busy, wait, grant, queues, callbacks = ports.busy, ports.wait, ports.grant, ports.queues, clock.callbacks
+        busy, wait, release, queues, callbacks = ports.busy, ports.wait, ports.release, ports.queues, clock.callbacks
         BEGIN, TAKE, START, FINISH, ENDED, normal = STEP_BEGIN, STEP_TAKE, STEP_START, STEP_FINISH, STEP_ENDED, NORMAL
         now = 0.0
         while True:
@@ -279,9 +279,10 @@ class _Run:
                         mem_log(~tid)
                     resources = task.resources
                     if resources:
-                        busy.difference_update(resources)
                         if queues:
-                            grant(resources)
+                            release(resources)
+                        else:
+                            busy.difference_update(resources)
                     end_s[tid] = now
                     ended(tid)
                     following = nexts[tid]

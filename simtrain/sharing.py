@@ -128,48 +128,54 @@ class Ports:
             else:
                 classes.append(names)
 
-    def grant(self, names: tuple[str, ...]) -> None:
-        """``names`` were just freed (removed from :attr:`busy`): grant every waiting request
-        that can now take all it needs, oldest first (see the class docstring). Once every freed
-        resource is taken again no later candidate can be granted: the scan stops there."""
-        wanting = self.wanting
-        found = None
+    def release(self, names: tuple[str, ...]) -> None:
+        """Free ``names`` (held now) and grant every waiting request that can then take all it
+        needs, oldest first (see the class docstring); once every freed resource is taken again
+        no later candidate can be granted, so the scan stops there. When the class ``names``
+        itself waits and no other waiting class wants any of them, its oldest request takes them
+        all again: what the scan would do, without freeing them first."""
+        queues, wanting = self.queues, self.wanting
+        queue = queues.get(names)
+        if queue is not None:
+            for name in names:
+                if len(wanting[name]) > 1:
+                    break
+            else:
+                self.clock.fifo.append((STEP_START, queue.popleft()[1]))
+                if not queue:
+                    self._drop(names)
+                return
+        busy = self.busy
+        busy.difference_update(names)
+        found = []
         for name in names:
             classes = wanting.get(name)
             if classes:
-                if found is None:
-                    found = classes[:]
-                else:
-                    found += [c for c in classes if c not in found]
-        if found is None:
-            return
-        busy = self.busy
-        if len(found) == 1:  # (most often: the oldest waiting class wants what was freed)
-            if busy.isdisjoint(found[0]):
-                self._take(found[0])
-            return
-        queues = self.queues
-        found.sort(key=lambda c: queues[c][0][0])
+                for wanted in classes:
+                    if wanted not in found:
+                        found.append(wanted)
+        if len(found) > 1:
+            found.sort(key=lambda wanted: queues[wanted][0][0])
         for wanted in found:
             if busy.isdisjoint(wanted):
-                self._take(wanted)
+                busy.update(wanted)
+                queue = queues[wanted]
+                self.clock.fifo.append((STEP_START, queue.popleft()[1]))
+                if not queue:
+                    self._drop(wanted)
                 if busy.issuperset(names):
                     return
 
-    def _take(self, wanted: tuple[str, ...]) -> None:
-        """Grant the oldest waiting request of class ``wanted`` (all of it is free)."""
-        self.busy.update(wanted)
-        queue = self.queues[wanted]
-        self.clock.fifo.append((STEP_START, queue.popleft()[1]))
-        if not queue:
-            del self.queues[wanted]
-            wanting = self.wanting
-            for name in wanted:
-                classes = wanting[name]
-                if len(classes) == 1:
-                    del wanting[name]
-                else:
-                    classes.remove(wanted)
+    def _drop(self, wanted: tuple[str, ...]) -> None:
+        """Forget class ``wanted``: nothing of it waits any more."""
+        del self.queues[wanted]
+        wanting = self.wanting
+        for name in wanted:
+            classes = wanting[name]
+            if len(classes) == 1:
+                del wanting[name]
+            else:
+                classes.remove(wanted)
 
 
 class SharedProcessors:

@@ -169,8 +169,7 @@ class _Run:
         self.fifo = self.clock.fifo
         self.tasks = graph.tasks
         n = len(self.tasks)
-        self.processed = [False] * n  # the task's end has been processed (its waiters released)
-        self.waiters: list[list[int]] = [[] for _ in range(n)]  # tasks waiting for its end
+        self.waiters: list[list[int] | None] = [[] for _ in range(n)]  # tasks waiting for its end (None: ended)
         self.pending = [0] * n  # dependencies whose end is not processed yet
         self.next_in_stream = [-1] * n  # the next task of its stream, -1 for none
         self.ports = Ports(self.clock)
@@ -200,11 +199,12 @@ class _Run:
     def run(self) -> None:
         """Run the queued steps (those :meth:`begin` queued) until nothing is left: the
         steps due now are drained before the next SimPy event (nothing scheduled meanwhile is due
-        now); a step that makes another due at once, with nothing queued before, runs it at once."""
+        now); a step that makes another due at once, with nothing queued before, runs it at once.
+        (The steps are tested in the order of how often they come: ends, finishes, begins.)"""
         clock, fifo, tasks, ports, pools = self.clock, self.fifo, self.tasks, self.ports, self.pools
         env, queue, eid = clock.env, clock.queue, clock.eid
         popleft, push = fifo.popleft, fifo.append
-        processed, waiters, pending, nexts = self.processed, self.waiters, self.pending, self.next_in_stream
+        waiters, pending, nexts = self.waiters, self.pending, self.next_in_stream
         start_s, end_s, ended, mem_log = self.start_s, self.end_s, self.order.append, self.mem_log.append
         busy, wait, release, queues, callbacks = ports.busy, ports.wait, ports.release, ports.queues, clock.callbacks
         BEGIN, TAKE, START, FINISH, ENDED, normal = STEP_BEGIN, STEP_TAKE, STEP_START, STEP_FINISH, STEP_ENDED, NORMAL
@@ -222,21 +222,43 @@ class _Run:
                 while queue and queue[0][0] == now:
                     push(heappop(queue)[3].step)
             while True:  # the step, then the step it makes due at once, if any
-                if code == ENDED:  # release the tasks whose last dependency it was
-                    processed[tid] = True
-                    for w in waiters[tid]:
+                if code == ENDED:  # release the tasks whose last dependency it was (None: released)
+                    released, waiters[tid] = waiters[tid], None
+                    for w in released:
                         pending[w] -= 1
                         if not pending[w]:
                             push((TAKE, w))
                     break
+                if code == FINISH:  # it ends, frees its resources, its stream goes on
+                    task = tasks[tid]
+                    if task.mem_end:
+                        mem_log(~tid)
+                    resources = task.resources
+                    if resources:
+                        if queues:
+                            release(resources)
+                        else:
+                            busy.difference_update(resources)
+                    end_s[tid] = now
+                    ended(tid)
+                    following = nexts[tid]
+                    if following < 0:
+                        if fifo:
+                            push((ENDED, tid))
+                            break
+                        code = ENDED  # (nothing queued before it: its end is processed now)
+                        continue
+                    push((ENDED, tid))
+                    code, tid = BEGIN, following
                 if code == BEGIN:  # wait for the dependencies
                     deps = tasks[tid].deps
                     if deps:
                         left = 0
                         for d in deps:
-                            if not processed[d]:
+                            dep_waiters = waiters[d]
+                            if dep_waiters is not None:
                                 left += 1
-                                waiters[d].append(tid)
+                                dep_waiters.append(tid)
                         if left:
                             pending[tid] = left
                             break
@@ -265,35 +287,16 @@ class _Run:
                         if task.pool is not None:
                             clock.now = env._now = now
                             pools[task.pool].work(tid, duration)
-                        elif now + duration == now:  # too small to move the clock: a step due now
-                            push((FINISH, tid))
-                        else:
+                            break
+                        due = now + duration
+                        if due != now:
                             run = Due()
                             run.callbacks, run.step = callbacks, (FINISH, tid)
-                            heappush(queue, (now + duration, normal, next(eid), run))  # Environment.schedule
+                            heappush(queue, (due, normal, next(eid), run))  # Environment.schedule
+                            break
+                        push((FINISH, tid))  # too small to move the clock: a step due now
                         break
                     code = FINISH
-                if code == FINISH:  # it ends, frees its resources, its stream goes on
-                    task = tasks[tid]
-                    if task.mem_end:
-                        mem_log(~tid)
-                    resources = task.resources
-                    if resources:
-                        if queues:
-                            release(resources)
-                        else:
-                            busy.difference_update(resources)
-                    end_s[tid] = now
-                    ended(tid)
-                    following = nexts[tid]
-                    if following < 0:
-                        if fifo:
-                            push((ENDED, tid))
-                            break
-                        code = ENDED  # (nothing queued before it: its end is processed now)
-                        continue
-                    push((ENDED, tid))
-                    code, tid = BEGIN, following
                     continue
                 clock.now = env._now = now
                 code(tid)  # a processor pool's step
@@ -392,12 +395,15 @@ def _streams(tasks: list[Task]) -> dict[tuple[int, str], list[int]]:
 def _trace(columns: dict[str, list], run: _Run) -> Trace:
     """The :class:`simtrain.trace.Trace` of a finished run: rows sorted stably by (start_s, rank)
     from the order the tasks ended, as :meth:`simtrain.trace.Trace.from_columns` sorts them."""
-    order = np.array(run.order, dtype=np.int64)
-    ranks = np.array(columns["rank"], dtype=np.int64)
-    rows = order[np.lexsort((ranks[order], np.array(run.start_s)[order]))]
+    n = len(run.order)
+    order = np.fromiter(run.order, dtype=np.int64, count=n)
+    ranks = np.fromiter(columns["rank"], dtype=np.int64, count=len(run.start_s))
+    starts = np.fromiter(run.start_s, dtype=float, count=len(run.start_s))
+    rows = order[np.lexsort((ranks[order], starts[order]))]
     source = {**columns, "stream": [s or "" for s in columns["stream"]], "start_s": run.start_s, "end_s": run.end_s}
+    # tasks end in time order, so the last one to end ends last
     return Trace(source=source, order=rows, memory_rows=run.memory_rows(),
-                 makespan_s=float(max(run.end_s, default=0.0)), events=len(rows), simpy_events=run.events)
+                 makespan_s=float(run.end_s[run.order[-1]]) if n else 0.0, events=n, simpy_events=run.events)
 
 
 def _describe_deadlock(tasks: list[Task], finished: list[bool], streams: dict) -> str:

@@ -40,7 +40,6 @@ task waits for.
 from __future__ import annotations
 
 import gc
-from operator import attrgetter
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -55,7 +54,8 @@ from .errors import SimtrainError
 from .sharing import STEP_BEGIN, STEP_ENDED, STEP_FINISH, STEP_START, STEP_TAKE, Clock, Due, Ports, SharedProcessors
 from .trace import Trace
 
-_step_of = attrgetter("step")
+_NOBODY = ()
+"""A task's waiters before the first one registers (one shared empty tuple instead of a list per task)."""
 
 @dataclass(slots=True)
 class Task:
@@ -169,7 +169,8 @@ class _Run:
         self.fifo = self.clock.fifo
         self.tasks = graph.tasks
         n = len(self.tasks)
-        self.waiters: list[list[int] | None] = [[] for _ in range(n)]  # tasks waiting for its end (None: ended)
+        # tasks waiting for its end: _NOBODY until the first one, None once its end is processed
+        self.waiters: list[list[int] | tuple | None] = [_NOBODY] * n
         self.pending = [0] * n  # dependencies whose end is not processed yet
         self.next_in_stream = [-1] * n  # the next task of its stream, -1 for none
         self.ports = Ports(self.clock)
@@ -194,7 +195,11 @@ class _Run:
                 return
             pending[tid] = len(deps)
             for d in deps:
-                waiters[d].append(tid)
+                dep_waiters = waiters[d]
+                if dep_waiters is _NOBODY:
+                    waiters[d] = [tid]
+                else:
+                    dep_waiters.append(tid)
 
     def run(self) -> None:
         """Run the queued steps (those :meth:`begin` queued) until nothing is left: the
@@ -256,8 +261,12 @@ class _Run:
                         left = 0
                         for d in deps:
                             dep_waiters = waiters[d]
-                            if dep_waiters is not None:
-                                left += 1
+                            if dep_waiters is None:
+                                continue
+                            left += 1
+                            if dep_waiters is _NOBODY:
+                                waiters[d] = [tid]
+                            else:
                                 dep_waiters.append(tid)
                         if left:
                             pending[tid] = left

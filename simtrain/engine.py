@@ -201,15 +201,30 @@ class _Run:
                 else:
                     dep_waiters.append(tid)
 
+    def _waits(self, tid: int, deps: list[int]) -> bool:
+        """Make task ``tid`` wait for those of ``deps`` whose end is not processed yet; returns
+        whether there is any."""
+        waiters, left = self.waiters, 0
+        for d in deps:
+            dep_waiters = waiters[d]
+            if dep_waiters is not None:
+                left += 1
+                if dep_waiters is _NOBODY:
+                    waiters[d] = [tid]
+                else:
+                    dep_waiters.append(tid)
+        if left:
+            self.pending[tid] = left
+        return left > 0
+
     def run(self) -> None:
         """Run the queued steps (those :meth:`begin` queued) until nothing is left: the
         steps due now are drained before the next SimPy event (nothing scheduled meanwhile is due
-        now); a step that makes another due at once, with nothing queued before, runs it at once.
-        (The steps are tested in the order of how often they come: ends, finishes, begins.)"""
+        now); a step that makes another due at once, with nothing queued before, runs it at once."""
         clock, fifo, tasks, ports, pools = self.clock, self.fifo, self.tasks, self.ports, self.pools
         env, queue, eid = clock.env, clock.queue, clock.eid
         popleft, push = fifo.popleft, fifo.append
-        waiters, pending, nexts = self.waiters, self.pending, self.next_in_stream
+        waiters, pending, nexts, waits = self.waiters, self.pending, self.next_in_stream, self._waits
         start_s, end_s, ended, mem_log = self.start_s, self.end_s, self.order.append, self.mem_log.append
         busy, wait, release, queues, callbacks = ports.busy, ports.wait, ports.release, ports.queues, clock.callbacks
         BEGIN, TAKE, START, FINISH, ENDED, normal = STEP_BEGIN, STEP_TAKE, STEP_START, STEP_FINISH, STEP_ENDED, NORMAL
@@ -220,8 +235,7 @@ class _Run:
             else:  # the next SimPy event (nothing is due before it), and any due at the same time
                 if not queue:
                     break
-                # what Environment.step does but call back (the environment's time is set where it
-                # is read: before a processor pool's step, which may schedule an event, and at the end)
+                # what Environment.step does but call back (the environment's time is set where read)
                 now, _, _, event = heappop(queue)
                 code, tid = event.step  # its step now, the steps of the others due now queued after it
                 while queue and queue[0][0] == now:
@@ -240,10 +254,7 @@ class _Run:
                         mem_log(~tid)
                     resources = task.resources
                     if resources:
-                        if queues:
-                            release(resources)
-                        else:
-                            busy.difference_update(resources)
+                        release(resources) if queues else busy.difference_update(resources)
                     end_s[tid] = now
                     ended(tid)
                     following = nexts[tid]
@@ -258,18 +269,7 @@ class _Run:
                 if code == BEGIN:  # wait for the dependencies
                     deps = tasks[tid].deps
                     if deps:
-                        left = 0
-                        for d in deps:
-                            dep_waiters = waiters[d]
-                            if dep_waiters is None:
-                                continue
-                            left += 1
-                            if dep_waiters is _NOBODY:
-                                waiters[d] = [tid]
-                            else:
-                                dep_waiters.append(tid)
-                        if left:
-                            pending[tid] = left
+                        if waits(tid, deps):
                             break
                         if fifo:  # (with nothing queued the step would be the next one: run it now)
                             push((TAKE, tid))
@@ -296,14 +296,12 @@ class _Run:
                         if task.pool is not None:
                             clock.now = env._now = now
                             pools[task.pool].work(tid, duration)
-                            break
-                        due = now + duration
-                        if due != now:
+                        elif now + duration != now:
                             run = Due()
                             run.callbacks, run.step = callbacks, (FINISH, tid)
-                            heappush(queue, (due, normal, next(eid), run))  # Environment.schedule
-                            break
-                        push((FINISH, tid))  # too small to move the clock: a step due now
+                            heappush(queue, (now + duration, normal, next(eid), run))  # Environment.schedule
+                        else:  # too small to move the clock: a step due now
+                            push((FINISH, tid))
                         break
                     code = FINISH
                     continue

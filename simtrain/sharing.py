@@ -145,8 +145,15 @@ class Ports:
                 if not queue:
                     self._drop(names)
                 return
-        busy = self.busy
-        busy.difference_update(names)
+        self.busy.difference_update(names)
+        for name in names:
+            if name in wanting:
+                self._grant(names)
+                return
+
+    def _grant(self, names: tuple[str, ...]) -> None:
+        """:meth:`release`'s scan: ``names`` are free now and some waiting class wants one."""
+        busy, queues, wanting = self.busy, self.queues, self.wanting
         found = []
         for name in names:
             classes = wanting.get(name)

@@ -44,6 +44,18 @@ def test_two_transfers_contend_on_one_link():
     assert (rows.loc["T3", "start_s"], rows.loc["T3", "end_s"]) == (2.0, 3.0)  # waits for 1:in
 
 
+def test_a_release_serves_the_oldest_waiting_request_first_whatever_it_wants():
+    """H holds ports a and b; X (wants a), Y (a and b, what H holds) and Z (b) queue in that
+    order. When H ends X and Z, the older requests, take a and b; Y waits for both. Requests
+    of H's own kind (Y2) then follow Y one after the other."""
+    g = TaskGraph(num_ranks=1)
+    for name, ports in (("H", ("a", "b")), ("X", ("a",)), ("Y", ("a", "b")), ("Z", ("b",)), ("Y2", ("a", "b"))):
+        g.add(name=name, rank=0, category="comm", kind="p2p", duration_s=1.0, resources=ports)
+    rows = simulate(g).trace.set_index("name")
+    assert {n: (rows.loc[n, "start_s"], rows.loc[n, "end_s"]) for n in ("H", "X", "Y", "Z", "Y2")} == {
+        "H": (0.0, 1.0), "X": (1.0, 2.0), "Z": (1.0, 2.0), "Y": (2.0, 3.0), "Y2": (3.0, 4.0)}
+
+
 def test_streams_run_in_order_and_free_tasks_in_parallel():
     g = TaskGraph(num_ranks=1)
     g.add(name="X", rank=0, category="compute", kind="F", duration_s=1.0, stream="compute")

@@ -96,7 +96,8 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
     split = {name: cols[name][keep] for name in ("rank", "stage", "microbatch", "kind", "end_s")}
     keep = (cols["category"] == "compute") & np.isin(cols["kind"], ("B", "W")) & staged
     backward = {name: cols[name][keep] for name in ("rank", "stage", "microbatch", "kind", "end_s")}
-    optimizer = cols["kind"] == "OPT"
+    optimizer = np.flatnonzero(cols["kind"] == "OPT")
+    opt_rank, opt_start, opt_end = cols["rank"][optimizer], cols["start_s"][optimizer], cols["end_s"][optimizer]
     rows = []
     for rank in range(schedule.num_ranks):
         held = sorted({schedule.chunk_of(s) for s in schedule.stages_of(rank)})
@@ -106,11 +107,12 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
         per = costs.static_parts_per_param or (costs.grad_bytes_per_param,) * 2
         weights, grads = params * per[0], trainable * per[1]
         peak, t = _first_peak(mem, rank)
-        unallocated = costs.lazy_grad_bytes(_before_first_backward(backward, rank, t, held, schedule))
+        unallocated = (costs.lazy_grad_bytes(_before_first_backward(backward, rank, t, held, schedule))
+                       if costs.lazy_grad_bytes_per_param else 0.0)  # (0 bytes per parameter: static gradients)
         static, grads = static - unallocated, grads - unallocated
         dynamic = max(peak - static - buffers, 0.0)
         pending = min(_w_pending_at(split, rank, t, costs, schedule), dynamic)
-        stepping = (cols["rank"] == rank) & optimizer & (cols["start_s"] <= t) & (t < cols["end_s"])
+        stepping = (opt_rank == rank) & (opt_start <= t) & (t < opt_end)
         temp = min(costs.optimizer_temp_bytes(held), dynamic - pending) if stepping.any() else 0.0
         rows.append(dict(weights=weights, gradients=grads, optimizer_states=static - weights - grads + temp,
                          activations=dynamic - pending - temp, w_pending=pending, comm_buffers=buffers,

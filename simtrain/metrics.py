@@ -84,10 +84,21 @@ def _unions(owner: np.ndarray, start: np.ndarray, end: np.ndarray, ranks: np.nda
     Returns:
         One ``(starts, ends)`` pair per entry of ``ranks`` (empty arrays for a rank with none).
     """
-    order = np.lexsort((start, owner))
+    order = _by_owner_then_start(owner, start)
     owner, start, end = owner[order], start[order], end[order]
     lo, hi = np.searchsorted(owner, ranks, "left"), np.searchsorted(owner, ranks, "right")
     return [_merge(start[a:b], end[a:b]) for a, b in zip(lo.tolist(), hi.tolist())]
+
+
+def _by_owner_then_start(owner: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """The permutation ``np.lexsort((start, owner))`` (sorted by owner, then start, ties in index
+    order), in two stable sorts that are linear on a trace: by start (timsort; the tasks table is
+    sorted by start already, or a few sorted runs of it are joined), then by owner (radix sort,
+    for ranks below 2**16)."""
+    if len(owner) == 0 or owner.min() < 0 or owner.max() >= 1 << 16:
+        return np.lexsort((start, owner))
+    by_start = np.argsort(start, kind="stable")
+    return by_start[np.argsort(owner[by_start].astype(np.uint16), kind="stable")]
 
 
 def _length(merged: tuple[np.ndarray, np.ndarray]) -> float:
@@ -324,14 +335,11 @@ def link_utilisation(trace: Trace, num_ranks: int, step_s: float) -> dict[str, f
     if step_s <= 0:
         return {}
     cols = trace.columns
-    distinct: dict = {}  # resources entry -> a code (a number of its first row; not a string: none held)
-    resources = cols["resources"].tolist()
-    code = np.fromiter(map(distinct.setdefault, resources, range(len(resources))), dtype=np.int64,
-                       count=len(resources))
+    code, distinct = trace.codes("resources")  # resources entry -> its code (not a string: none held)
     times: dict[str, np.ndarray] = {}  # port kind -> how often each entry (by code) holds one
     for res, i in distinct.items():
         for port, _rank in held_ports(res) if isinstance(res, str) else ():
-            times.setdefault(port, np.zeros(len(resources), np.int64))[i] += 1
+            times.setdefault(port, np.zeros(len(code), np.int64))[i] += 1
     busy: dict[str, float] = {}
     for port, per_entry in times.items():
         count = per_entry[code]

@@ -173,10 +173,11 @@ def run_e2e(case: str, coarsen: int = 1) -> dict:
 
 _E2E_MAIN = """import atexit, resource, sys
 atexit.register(lambda: sys.stderr.write(f"\\npeak rss kib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n"))
-from simtrain.cli import main
-main()"""
-"""The ``e2e`` child: the CLI, then its own peak RSS on stderr (RUSAGE_CHILDREN's is the largest
-of every child so far)."""
+from simtrain.cli import run
+run()"""
+"""The ``e2e`` child: the CLI as the ``simtrain`` console script runs it (:func:`simtrain.cli.run`),
+then its own peak RSS on stderr (an ``atexit`` handler, which ``run`` runs before it ends the
+process; RUSAGE_CHILDREN's is the largest of every child so far)."""
 
 
 def torch_peer() -> dict | None:

@@ -15,7 +15,6 @@ in GiB). Every event carries ``name``, ``ph``, ``ts``, ``dur``, ``pid`` and ``ti
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -109,6 +108,8 @@ replace it; any other existing file is only overwritten with ``--force``."""
 
 def _head_and_tail(path: Path, size: int = 4096) -> str:
     """The first and last ``size`` bytes of a file (decompressed when it ends in ``.gz``), as text."""
+    import gzip  # (here: only the commands that write files need it)
+
     with (gzip.open if path.name.lower().endswith(".gz") else open)(path, "rb") as f:
         head = tail = f.read(size)
         for chunk in iter(lambda: f.read(1 << 20), b""):  # streams a gzip file; seeks would too
@@ -190,6 +191,8 @@ def write_chrome_trace(
     the path."""
     data = json.dumps(chrome_trace(traces, memories), separators=(",", ":"), allow_nan=False).encode("utf-8")
     if str(path).lower().endswith(".gz"):
+        import gzip
+
         data = gzip.compress(data, mtime=0)  # mtime 0: the same trace gives the same bytes
     return atomic.write_bytes(Path(path), data)
 

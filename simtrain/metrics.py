@@ -279,7 +279,7 @@ def compute_report(
     """
     step = result.makespan_s
     mem = result.memory_columns
-    ranks = np.unique(mem["rank"])
+    ranks = np.array(sorted(set(mem["rank"].tolist())), dtype=np.int64)  # (np.unique would import numpy.ma)
     per = _per_rank(result.columns, ranks)
     busy, exposed, comm_total, spans, pipe_busy = per["busy"], per["exposed"], per["comm"], per["span"], per["pipe"]
     a2a_total, a2a_exposed = per["a2a"], per["a2a_exposed"]

@@ -8,6 +8,7 @@ Every user error ends as one line ``error: ...`` on stderr and exit status 2, ne
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import warnings
@@ -56,6 +57,21 @@ class LazyConsole:
                 stream = sys.stderr if self._stderr else sys.stdout
                 self._console = Console(stderr=self._stderr, width=None if stream.isatty() else 160)
             return self._console
+
+    @property
+    def is_terminal(self) -> bool:
+        """rich's ``Console.is_terminal``, without making the console where its answer is
+        certainly False: neither ``TTY_COMPATIBLE`` nor ``FORCE_COLOR`` in the environment (rich
+        15's only overrides that can make it True) and a stream that is not a tty (a ``--json``
+        run's pipe, whose progress bar must not import rich, :mod:`simtrain.progress`)."""
+        if self._console is None and not ({"TTY_COMPATIBLE", "FORCE_COLOR"} & os.environ.keys()):
+            isatty = getattr(sys.stderr if self._stderr else sys.stdout, "isatty", None)
+            try:
+                if isatty is None or not isatty():
+                    return False
+            except ValueError:  # a closed stream
+                return False
+        return self.console.is_terminal
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.console, name)

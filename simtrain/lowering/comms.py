@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..engine import Task
 from ..network import Collective
 from ..schedules.ir import Action, Schedule
-from .items import Lowering
+from .items import Lowering, add_delta
 
 
 def weight_grad_finishers(schedule: Schedule) -> set[Action]:
@@ -99,7 +99,7 @@ def add_gradient_reduction(low: Lowering) -> None:
         for i, piece in enumerate(anchors):
             rank = piece.rank
             if transient:  # the bucket's unsharded gradient, from its piece's start to its reduction
-                piece.mem_start.append((rank, dense + experts))
+                add_delta(piece, "start", rank, dense + experts)
                 earlier = in_flight.setdefault(rank, [])  # (reduction, its piece), in order
                 if len(earlier) >= 2 and earlier[-2][1] is not piece and earlier[-2][0] not in piece.deps:
                     piece.deps.append(earlier[-2][0])  # two bucket buffers (not within one task)

@@ -18,7 +18,7 @@ deltas applied), the two instants the timeline has.
 
 from __future__ import annotations
 
-from .items import Lowering
+from .items import Lowering, add_delta
 
 
 def add_lazy_gradients(low: Lowering) -> None:
@@ -37,5 +37,5 @@ def add_lazy_gradients(low: Lowering) -> None:
                     continue
                 allocated.add(chunk)
                 nbytes = costs.lazy_grad_bytes([chunk])
-                low.freed[a].mem_end.append((rank, nbytes))
+                add_delta(low.freed[a], "end", rank, nbytes)
                 low.graph.static_memory_bytes[rank] -= nbytes

@@ -140,3 +140,21 @@ class Lowering:
     def training(self) -> bool:
         """Whether the step has a backward (not ``forward_only``)."""
         return not self.topology.parallel.forward_only
+
+
+NO_DELTAS: tuple = ()
+"""The memory deltas of a task that has none and is built in bulk (an all-to-all transfer,
+:func:`simtrain.lowering.moe.add_block`): one shared empty tuple instead of two new lists per task
+(an MoE step has ~10^5 transfers). :func:`add_delta` gives such a task lists of its own."""
+
+
+def add_delta(task: Task, at: str, rank: int, delta_bytes: float) -> None:
+    """Apply ``delta_bytes`` to ``rank``'s memory when ``task`` starts (``at="start"``) or ends
+    (``at="end"``), after the deltas it has; a task holding :data:`NO_DELTAS` gets a new list."""
+    name = "mem_start" if at == "start" else "mem_end"
+    deltas = getattr(task, name)
+    if deltas is NO_DELTAS:
+        deltas = []
+        setattr(task, name, deltas)
+    deltas.append((rank, delta_bytes))
+

@@ -50,7 +50,7 @@ from ..engine import Task, TaskGraph
 from ..moe import A2ACost, MoEBlock, MoEChunkCost, Segment
 from ..network import A2APart, Topology
 from ..schedules.ir import Action
-from .items import Block, Compute, Transfer
+from .items import NO_DELTAS, Block, Compute, Transfer
 
 
 def flow_shop_makespan(d: float, l: float, c: float, waves: int) -> float:
@@ -236,28 +236,28 @@ def add_block(
         the tasks back (or the last expert task when the way back carries nothing).
     """
     tasks = graph.tasks  # tasks are appended in place, as TaskGraph.add does, without its keyword round trip
+    append, tid = tasks.append, len(tasks)
     # each transfer's per-wave duration, bytes, ports and link name, worked out once for all waves
     out_parts = [(t.part.seconds(waves), t.part.nbytes / waves, t.resources, t.part.link) for t in to_experts]
     back_parts = [(t.part.seconds(waves), t.part.nbytes / waves, t.resources, t.part.link) for t in back]
+    share = expert_s / waves
     experts, sent, returned = [], [], []
     for i in range(waves):
         tag = f" w{i + 1}/{waves}" if waves > 1 else ""
-        head = f"{names[0]} {label}{tag} "
-        out = []
+        head, first = f"{names[0]} {label}{tag} ", tid
         for seconds, nbytes, resources, link in out_parts:
-            task = Task(len(tasks), head + link, rank, "comm", "a2a", seconds, list(after), None, resources,
-                        stage, microbatch, nbytes)
-            tasks.append(task)
-            out.append(task)
-        expert = Task(len(tasks), f"experts {label}{tag}", rank, "compute", kind, expert_s / waves,
-                      [t.tid for t in out] or list(after), "compute", (), stage, microbatch)
-        tasks.append(expert)
-        head = f"{names[1]} {label}{tag} "
-        for seconds, nbytes, resources, link in back_parts:
-            task = Task(len(tasks), head + link, rank, "comm", "a2a", seconds, [expert.tid], None, resources,
-                        stage, microbatch, nbytes)
-            tasks.append(task)
-            returned.append(task)
+            sent.append(Task(tid, head + link, rank, "comm", "a2a", seconds, list(after), None, resources,
+                             stage, microbatch, nbytes, None, NO_DELTAS, NO_DELTAS))
+            append(sent[-1])
+            tid += 1
+        expert = Task(tid, f"experts {label}{tag}", rank, "compute", kind, share,
+                      list(range(first, tid)) or list(after), "compute", (), stage, microbatch)
+        append(expert)
         experts.append(expert)
-        sent += out
+        head, done, tid = f"{names[1]} {label}{tag} ", [tid], tid + 1
+        for seconds, nbytes, resources, link in back_parts:
+            returned.append(Task(tid, head + link, rank, "comm", "a2a", seconds, list(done), None, resources,
+                                 stage, microbatch, nbytes, None, NO_DELTAS, NO_DELTAS))
+            append(returned[-1])
+            tid += 1
     return experts, sent, returned

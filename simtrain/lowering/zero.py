@@ -38,7 +38,7 @@ from __future__ import annotations
 from ..errors import SimtrainError
 from ..network import Collective
 from ..schedules.ir import Action, Schedule
-from .items import Lowering
+from .items import Lowering, add_delta
 
 
 def check_zero(schedule: Schedule, zero_stage: int, holders: dict[int, tuple[int, ...]]) -> None:
@@ -102,6 +102,6 @@ def add_param_gathers(low: Lowering) -> None:
                     resources=resources, stage=a.stage, microbatch=a.microbatch, nbytes=nbytes,
                 )
                 low.first[a].deps.append(gather.tid)
-                low.first[a].mem_start.append((rank, held))
-                low.last[a].mem_end.append((rank, -held))
+                add_delta(low.first[a], "start", rank, held)
+                add_delta(low.last[a], "end", rank, -held)
                 done.append(a)

@@ -1,0 +1,98 @@
+"""The fast paths of the lowering, trace, metrics and CLI give what the plain ones give: the two-sort
+interval order is lexsort's, trace columns built on demand equal the eager ones, a bulk-built
+transfer's shared empty memory deltas never take a delta, the lazy console answers "not a
+terminal" without making rich's console, and the console-script entry ends the process with the
+command's output, status and atexit handlers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simtrain.cli.app import LazyConsole
+from simtrain.engine import Task
+from simtrain.lowering.items import NO_DELTAS, add_delta
+from simtrain.metrics import _by_owner_then_start
+from simtrain.trace import TRACE_COLUMNS, Trace
+
+SMALL = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "2", "--microbatches", "4", "--schedules", "1f1b"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0])), max_size=40),
+       st.booleans())
+def test_two_stable_sorts_give_lexsorts_order(pairs, sort_first):
+    """Sorted by owner then start, ties in index order: exactly ``np.lexsort((start, owner))``,
+    whether the starts come sorted (a trace) or not; ranks outside 16 bits take lexsort itself."""
+    if sort_first:
+        pairs = sorted(pairs, key=lambda p: p[1])
+    owner = np.array([p[0] for p in pairs], dtype=np.int64)
+    start = np.array([p[1] for p in pairs], dtype=float)
+    assert _by_owner_then_start(owner, start).tolist() == np.lexsort((start, owner)).tolist()
+    big = owner + (1 << 16)
+    assert _by_owner_then_start(big, start).tolist() == np.lexsort((start, big)).tolist()
+
+
+def _trace() -> Trace:
+    source = {name: [] for name in TRACE_COLUMNS}
+    rows = [(1, "dp", "comm", "dp", "dp", None, None, 2.0, 3.0, 1e6, None, "nic:1:out,nic:0:in"),
+            (0, "compute", "compute", "F", "0F0", 0, 0, 0.0, 1.0, 0.0, None, ""),
+            (0, "", "comm", "p2p", "p2p", 0, 0, 1.0, 2.0, 2, 1, "nvlink:0:out,nvlink:1:in")]
+    for row in rows:
+        for name, value in zip(TRACE_COLUMNS, row):
+            source[name].append(value)
+    return Trace(source=source, order=np.array([1, 2, 0]), memory_rows=[(0, 0.0, 1.0)], makespan_s=3.0, events=3)
+
+
+def test_columns_built_on_demand_equal_the_eager_ones():
+    trace = _trace()
+    cols = trace.columns
+    assert list(cols) == TRACE_COLUMNS and len(cols) == len(TRACE_COLUMNS)
+    assert cols["rank"].dtype == np.int64 and cols["rank"].tolist() == [0, 0, 1]
+    assert cols["peer"].tolist()[1] == 1.0 and np.isnan(cols["peer"][[0, 2]]).all()  # None -> NaN
+    assert cols["bytes"].dtype == float and cols["bytes"].tolist() == [0.0, 2.0, 1e6]
+    assert cols["kind"].dtype == object and cols["kind"].tolist() == ["F", "p2p", "dp"]
+    assert cols["start_s"] is cols["start_s"]  # built once
+    for name in TRACE_COLUMNS:  # the same as converting the object column
+        eager = trace.table[name] if cols[name].dtype == object else trace.table[name].astype(cols[name].dtype)
+        assert np.array_equal(cols[name], eager, equal_nan=cols[name].dtype != object)
+    code, distinct = trace.codes("resources")
+    assert [list(distinct)[list(distinct.values()).index(c)] for c in code] == trace.table["resources"].tolist()
+
+
+def test_a_bulk_built_transfer_takes_a_delta_in_a_list_of_its_own():
+    a = Task(0, "dispatch", 0, "comm", "a2a", 1.0, [], None, (), None, None, 0.0, None, NO_DELTAS, NO_DELTAS)
+    b = Task(1, "dispatch", 0, "comm", "a2a", 1.0, [], None, (), None, None, 0.0, None, NO_DELTAS, NO_DELTAS)
+    add_delta(a, "end", 0, -5.0)
+    add_delta(a, "end", 1, 2.0)
+    add_delta(b, "start", 0, 3.0)
+    assert a.mem_end == [(0, -5.0), (1, 2.0)] and a.mem_start == () and b.mem_start == [(0, 3.0)]
+    assert NO_DELTAS == () and b.mem_end is NO_DELTAS
+
+
+def test_the_lazy_console_knows_a_pipe_is_no_terminal_without_rich(monkeypatch):
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    console = LazyConsole()  # pytest's captured stdout is no tty
+    assert console.is_terminal is False and console._console is None
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich's override: now rich answers
+    assert console.is_terminal is True and console._console is not None
+
+
+def _cli(entry: str, *args: str) -> subprocess.CompletedProcess:
+    code = ("import atexit, sys\natexit.register(lambda: print('atexit ran', file=sys.stderr))\n"
+            f"from simtrain.cli import {entry}\nsys.argv = ['simtrain', *sys.argv[1:]]\n{entry}()")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+
+
+def test_the_console_script_ends_like_main_with_the_same_output_and_status():
+    for args in (["compare", *SMALL, "--json"], ["compare", "--model", "llama3-8b", "--json"]):
+        fast, plain = _cli("run", *args), _cli("main", *args)
+        assert (fast.returncode, fast.stdout, fast.stderr) == (plain.returncode, plain.stdout, plain.stderr)
+        assert fast.stderr.endswith("atexit ran\n")
+    assert fast.returncode == 2 and fast.stderr.startswith("error: ")
+    assert plain.stdout == "" and _cli("run", "compare", *SMALL, "--json").stdout.startswith("[")

@@ -185,4 +185,28 @@ def hfu(run: ScheduleRun, model: ModelSpec, parallel: ParallelConfig, hardware: 
         ops = dataclasses.replace(choice, model="ops").runtime(model, parallel, hardware)
     except SimtrainError:
         return None
-    return costs_ops.step_hfu(run, ops)
+    return step_hfu(run, ops)
+
+
+def step_hfu(run, runtime) -> float:
+    """Hardware FLOPs utilisation of a simulated step: model FLOPs plus the FLOPs recomputation
+    reruns, per GPU-second, over the peak of the compute dtype (Korthikanti et al. 2022 §6: HFU
+    counts recomputation, MFU does not). Equals the step's MFU when nothing is recomputed.
+
+    Args:
+        run: a :class:`simtrain.scenario.ScheduleRun` simulated with ``runtime``.
+        runtime: the :func:`simtrain.costs.ops.ops_runtime` hook it was simulated with.
+
+    Returns:
+        HFU in [0, 1].
+    """
+    ctx, costs, sched = runtime.ctx, run.costs, run.schedule
+    cache: dict = {}
+    redo = [next(o for o in costs_ops.chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head,
+                                                      c.params - c.frozen_params, cache)
+                 if o.name == "recompute").flops[1] for c in costs.chunks]
+    tp = ctx.parallel.tp_cp  # GPUs sharing one stage's microbatch
+    flops = sum((costs.chunks[sched.chunk_of(s)].model_flops + redo[sched.chunk_of(s)]) * tp
+                for mb in range(sched.num_microbatches) for s in sched.path(mb))
+    # same step, GPUs and peak as the MFU: HFU / MFU = hardware FLOPs / model FLOPs
+    return run.report.mfu * flops / (run.report.model_flops / ctx.parallel.dp)

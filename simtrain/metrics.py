@@ -224,7 +224,8 @@ def _per_rank(cols: dict[str, np.ndarray], ranks: np.ndarray) -> dict[str, list[
     to_peer[to_peer] = peer[to_peer] != rank[to_peer]  # a transfer to itself involves its rank once
     owner = np.concatenate((rank[comm], peer[to_peer].astype(np.int64)))
     c_start, c_end = np.concatenate((start[comm], start[to_peer])), np.concatenate((end[comm], end[to_peer]))
-    is_a2a = np.concatenate((cols["kind"][comm], cols["kind"][to_peer])) == "a2a"
+    a2a = cols["kind"] == "a2a"
+    is_a2a = np.concatenate((a2a[comm], a2a[to_peer]))
     pipe = compute & ~np.isnan(cols["stage"])
     comp_iv = _unions(rank[compute], start[compute], end[compute], ranks)
     comm_iv = _unions(owner, c_start, c_end, ranks)

@@ -168,7 +168,7 @@ def test_fp8_gemms_speed_up_linear_layers_only():
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_hfu_counts_recomputation_and_equals_mfu_without_it(recompute):
-    from simtrain.costs.ops import step_hfu
+    from simtrain.cost_models import step_hfu
 
     m, p, h, _ = _ctx(recompute=recompute)
     rt = ops_runtime(m, p, h)

@@ -239,10 +239,15 @@ def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has
 
     The chunk's F, I and W seconds are the column sums of ``seconds``. Layers of one shape are
     costed once: :func:`_layer_ops` per dense/MoE kind, kept in ``cache`` (pass one dict for every
-    chunk of a model to share it).
+    chunk of a model to share it); so is a whole chunk, for the chunks of one make-up (layers of the
+    same kinds, frozen alike, the same ends and parameters: every row depends on these alone).
     """
     m, e = ctx.model, ctx.elem
     by_kind = {} if cache is None else cache
+    make_up = tuple((m.is_moe_layer(x), is_frozen(ctx.parallel, x)) for x in layers)
+    shape = ("chunk", make_up, has_embedding, has_head, params)
+    if shape in by_kind:
+        return list(by_kind[shape])
     rows: dict[str, OpCost] = {}
     counts: dict[str, int] = {}  # layers holding each operator
     w_counts: dict[str, int] = {}  # layers running each operator's W (not frozen)
@@ -285,6 +290,7 @@ def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has
                       "compute", (0.0, sum(o.kernels[0] for o in rerun), 0.0)))
     ops.append(_grad_accum(ctx, params, len(layers)))
     ops.append(_launch(ops, ctx))
+    by_kind[shape] = tuple(ops)
     return ops
 
 
@@ -422,29 +428,6 @@ def _apply_with(ctx: _Ctx):
 
     apply.ctx = ctx
     return apply
-
-
-def step_hfu(run, runtime) -> float:
-    """Hardware FLOPs utilisation of a simulated step: model FLOPs plus the FLOPs recomputation
-    reruns, per GPU-second, over the peak of the compute dtype (Korthikanti et al. 2022 §6: HFU
-    counts recomputation, MFU does not). Equals the step's MFU when nothing is recomputed.
-
-    Args:
-        run: a :class:`simtrain.scenario.ScheduleRun` simulated with ``runtime``.
-        runtime: the :func:`ops_runtime` hook it was simulated with.
-
-    Returns:
-        HFU in [0, 1].
-    """
-    ctx, costs, sched = runtime.ctx, run.costs, run.schedule
-    cache: dict = {}
-    redo = [next(o for o in chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params - c.frozen_params, cache)
-                 if o.name == "recompute").flops[1] for c in costs.chunks]
-    tp = ctx.parallel.tp_cp  # GPUs sharing one stage's microbatch
-    flops = sum((costs.chunks[sched.chunk_of(s)].model_flops + redo[sched.chunk_of(s)]) * tp
-                for mb in range(sched.num_microbatches) for s in sched.path(mb))
-    # same step, GPUs and peak as the MFU: HFU / MFU = hardware FLOPs / model FLOPs
-    return run.report.mfu * flops / (run.report.model_flops / ctx.parallel.dp)
 
 
 published_runtime = ops_runtime

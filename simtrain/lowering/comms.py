@@ -124,6 +124,10 @@ def add_gradient_reduction(low: Lowering) -> None:
                     reduce.deps.append(piece.tid)
 
 
+_ACTION_STREAMS = frozenset({"compute", "tp", "cp"})
+"""The streams an action's chain runs on (:func:`_last_compute`)."""
+
+
 def _last_compute(low: Lowering) -> dict[int, list[int]]:
     """Rank -> the ids of its last task so far on each of the streams its actions run on
     (compute, and the in-stage TP and CP collectives that end an action's chain; one pass over
@@ -132,8 +136,9 @@ def _last_compute(low: Lowering) -> dict[int, list[int]]:
     weight gradient is computed from, and Megatron-LM issues it on the compute stream before the
     optimizer's kernels."""
     last: dict[int, dict[str, int]] = {}
+    wanted = _ACTION_STREAMS
     for t in low.graph.tasks:
-        if t.stream in ("compute", "tp", "cp"):
+        if t.stream in wanted:
             last.setdefault(t.rank, {})[t.stream] = t.tid
     return {rank: list(by_stream.values()) for rank, by_stream in last.items()}
 

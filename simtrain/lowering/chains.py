@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from ..costs import ChunkCost
 from ..costs.ep_sms import ep_slowdown
+from ..engine import Task
 from ..network import Topology
 from ..schedules.ir import Action, OverlapAction
 from .items import Block, Chain, Compute, Item, Lowering, TPComm
@@ -211,16 +212,18 @@ def _emit_step(low: Lowering, rank: int, chains: list[Chain], after: list[int], 
 def _emit_item(low: Lowering, rank: int, ch: Chain, item: Item, pending: list[int]) -> list[int]:
     """Add the tasks of one item after ``pending``; returns what the chain's next item waits for."""
     a, graph = ch.action, low.graph
+    tasks = graph.tasks  # appended in place, as TaskGraph.add does, without its keyword round trip
     if isinstance(item, Compute):
-        task = graph.add(name=item.label, rank=rank, category="compute", kind=a.kind, duration_s=item.seconds,
-                         deps=list(pending), stream="compute", stage=a.stage, microbatch=a.microbatch)
+        task = Task(len(tasks), item.label, rank, "compute", a.kind, item.seconds, list(pending), "compute", (),
+                    a.stage, a.microbatch)
+        tasks.append(task)
         ch.compute.append(task)
         ch.tasks.append(task)
         return [task.tid]
     if isinstance(item, TPComm):
-        task = graph.add(name=item.label, rank=rank, category="comm", kind=item.stream, stream=item.stream,
-                         duration_s=item.seconds, deps=list(pending), resources=item.resources,
-                         stage=a.stage, microbatch=a.microbatch)
+        task = Task(len(tasks), item.label, rank, "comm", item.stream, item.seconds, list(pending), item.stream,
+                    item.resources, a.stage, a.microbatch)
+        tasks.append(task)
         ch.tasks.append(task)
         return [task.tid]
     assert isinstance(item, Block)

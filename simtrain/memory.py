@@ -91,10 +91,11 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
         to its peak of the memory timeline plus the allocator reserve.
     """
     cols, mem = result.columns, result.memory_columns
-    staged = ~np.isnan(cols["stage"])
-    keep = np.isin(cols["kind"], ("I", "W")) & staged
+    staged, kind = ~np.isnan(cols["stage"]), cols["kind"]
+    is_w = kind == "W"  # (two comparisons: np.isin sorts an object column)
+    keep = ((kind == "I") | is_w) & staged
     split = {name: cols[name][keep] for name in ("rank", "stage", "microbatch", "kind", "end_s")}
-    keep = (cols["category"] == "compute") & np.isin(cols["kind"], ("B", "W")) & staged
+    keep = (cols["category"] == "compute") & ((kind == "B") | is_w) & staged
     backward = {name: cols[name][keep] for name in ("rank", "stage", "microbatch", "kind", "end_s")}
     optimizer = np.flatnonzero(cols["kind"] == "OPT")
     opt_rank, opt_start, opt_end = cols["rank"][optimizer], cols["start_s"][optimizer], cols["end_s"][optimizer]

@@ -55,6 +55,9 @@ _NUMERIC = {"rank": np.int64, "stage": float, "microbatch": float, "start_s": fl
 """Numpy dtypes of the numeric columns of :attr:`Trace.columns` (None becomes NaN); the others are
 object arrays."""
 
+_NULLABLE = frozenset({"stage", "microbatch", "peer"})
+"""The numeric columns that hold None for tasks without one (the others are numbers throughout)."""
+
 
 @dataclass
 class Trace:
@@ -121,10 +124,12 @@ class Trace:
             col = _objects(values)
         elif isinstance(values, np.ndarray):
             col = values.astype(dtype)
+        elif name in _NULLABLE:  # None (no pipeline action, no peer) becomes NaN through objects
+            col = _objects(values).astype(dtype)
         else:
-            try:  # ints and floats straight to numbers (None is not one: it goes through objects)
+            try:  # ints and floats straight to numbers
                 col = np.fromiter(values, dtype=dtype, count=len(values))
-            except TypeError:
+            except TypeError:  # a None after all
                 col = _objects(values).astype(dtype)
         return col if self.order is None else col[self.order]
 

@@ -136,8 +136,10 @@ def pair_chains(low: Lowering, pair: OverlapAction, rank: int) -> list[Chain]:
     for a in pair.parts:
         c = low.chunk[a.stage]
         n = max(1, len(c.layers))
-        seconds = compute_s(c, a.kind) * factor
-        steps = [[Compute(seconds / n, f"{a} ({i + 1}/{n})"), *in_stage_items(low, a, rank, n, f" ({i + 1}/{n})")]
+        seconds, name = compute_s(c, a.kind) * factor, str(a)
+        shares = in_stage_items(low, a, rank, n)  # each layer's share of the collectives, priced once
+        steps = [[Compute(seconds / n, f"{name} ({i + 1}/{n})"),
+                  *(TPComm(x.seconds, f"{x.label} ({i + 1}/{n})", x.resources, x.stream) for x in shares)]
                  for i in range(n)]
         chains.append(Chain(a, c, steps))
     return chains

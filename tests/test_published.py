@@ -20,9 +20,26 @@ def test_the_suite_has_at_least_ten_figures_from_five_cases_with_sources():
     assert len(suite.cases) >= 5 and sum(len(c.figures) for c in suite.cases) >= 10
     assert all(c.source and c.figures for c in suite.cases)
     assert {"R1-megatron-175b", "R2-llama3-405b", "R3-torchtitan-llama3-8b-pp8", "korthikanti-2022-table5",
-            "megatron-bridge-h100-fp8"} <= {c.name for c in suite.cases}
+            "megatron-bridge-h100-fp8", "megatron-bridge-h100-2511-fp8",
+            "megatron-bridge-h100-2511-moe-fp8"} <= {c.name for c in suite.cases}
     assert all(c.assumptions for c in suite.cases)
 
+
+
+def test_megatron_bridge_figures_run_on_the_gpus_their_rows_name():
+    """Each Megatron-Bridge figure's TP x PP x CP x DP is the table row's GPU count (in its label),
+    and its EP groups fit the DP x TP GPUs of a stage (expert TP 1)."""
+    import re
+
+    from simtrain.published import _parallel_of
+
+    figures = [(c, f) for c in load_suite().cases if c.name.startswith("megatron-bridge-") for f in c.figures]
+    assert len(figures) >= 10
+    for case, fig in figures:
+        gpus = int(re.search(r"(\d+) GPUs", fig.label).group(1))
+        p = _parallel_of(case, fig, fig.label)
+        assert p.tp * p.pp * p.cp * p.dp == gpus, fig.label
+        assert (p.dp * p.tp) % p.ep == 0, fig.label
 
 def test_rows_are_predicted_per_figure_with_the_relative_error():
     rows = run_suite(cases=["R1-megatron-175b"])

@@ -190,6 +190,31 @@ def test_expert_parallel_errors_name_the_scenario_field_or_the_flag(tmp_path):
     assert res.exit_code == 2 and "field 'parallel.expert_imbalance' = 9.0: at most ep = 8" in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("fields, flags, field_msg, flag_msg", [
+    ("tp: 3", ["--tp", "3"], "field 'parallel.tp' = 3: must divide the model's 32 attention heads",
+     "--tp 3: must divide the model's 32 attention heads"),
+    ("cp: 3", ["--cp", "3"], "field 'parallel.cp' = 3: 2 x cp = 6 must divide the sequence length 1024",
+     "--cp 3: 2 x cp = 6 must divide the sequence length 1024"),
+    ("cp: 4, tp: 4, cp_kind: ulysses", ["--cp", "4", "--tp", "4", "--cp-kind", "ulysses"],
+     "field 'parallel.cp' = 4 {sc}: field 'parallel.cp_kind' = 'ulysses': tp x cp = 16 must divide",
+     "--cp 4 --cp-kind ulysses: tp x cp = 16 must divide"),
+    ("trainable: 'frozen-layers:40'", ["--trainable", "frozen-layers:40"],
+     "field 'parallel.trainable' = 'frozen-layers:40': layer 40 does not exist",
+     "--trainable frozen-layers:40: layer 40 does not exist"),
+])
+def test_stage_setting_errors_name_the_scenario_field_or_the_flag(tmp_path, fields, flags, field_msg, flag_msg):
+    """tp over the heads, CP and --trainable set in a scenario file were reported as flags nobody typed."""
+    sc = tmp_path / "s_stage.yaml"
+    sc.write_text(f"model: llama3-8b\nhardware: h100-sxm\nschedules: [1f1b]\n"
+                  f"parallel: {{{fields}, pp: 2, microbatches: 4, seq_len: 1024}}\n")
+    res = invoke("compare", str(sc), "--json")
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert res.exit_code == 2 and len(lines) == 1, res.stderr
+    assert f"error: {sc}: " + field_msg.format(sc=sc) in res.stderr.replace("\n", " "), res.stderr
+    res = invoke("compare", str(sc), *flags, "--json")  # typed: the flag, as before
+    assert res.exit_code == 2 and "error: " + flag_msg in res.stderr.replace("\n", " "), res.stderr
+
+
 def test_binary_file_given_as_yaml(tmp_path):
     png = tmp_path / "p.yaml"
     png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")

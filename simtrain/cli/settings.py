@@ -15,7 +15,7 @@ from ..errors import SimtrainError
 from ..hardware import HardwareProfile, load_profile
 from ..importers import ImportedJob
 from ..models import ModelSpec, load_model
-from ..moe import check_expert_parallel
+from ..costs.stage import check_settings
 from ..parallel import ParallelConfig, flag_name
 from ..scenario import DEFAULT_SCENARIO, Scenario, load_scenario
 from ..schedules import Schedule
@@ -100,6 +100,8 @@ class Settings:
     parallel: ParallelConfig
     op_times: tuple[float, float, float] | None
     comm: bool
+    name: Callable[[str, object], str] = flag_name
+    """How an error or warning names a parallel setting and its value (:func:`setting_name`)."""
 
 
 def load_settings(scenario: Path | None, model: str | None, hardware: str | None, overrides: dict,
@@ -125,9 +127,9 @@ def load_settings(scenario: Path | None, model: str | None, hardware: str | None
     times = parse_op_times(op_times) if op_times else base.op_times
     spec = job.model if job is not None else load_model(model or base.model)
     hw = load_profile(hardware or base.hardware)
-    given = {k for k, v in overrides.items() if v is not None}
-    check_expert_parallel(spec, parallel, hw, setting_name(given, source, job.fields if job else None))
-    return Settings(base, source, flags_only, spec, hw, parallel, times, not (no_comm or base.no_comm))
+    name = setting_name({k for k, v in overrides.items() if v is not None}, source, job.fields if job else None)
+    check_settings(spec, parallel, hw, name)
+    return Settings(base, source, flags_only, spec, hw, parallel, times, not (no_comm or base.no_comm), name)
 
 
 def fit_to_file(

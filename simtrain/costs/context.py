@@ -32,12 +32,13 @@ With full recomputation the backward repeats the forward's collectives too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import SimtrainError
 from ..models import ModelSpec
 from ..network import Collective
-from ..parallel import ParallelConfig
+from ..parallel import ParallelConfig, flag_name
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,14 @@ class CPDeclaration:
     hide_backward_s: float = 0.0
 
 
-def check_context_parallel(model: ModelSpec, parallel: ParallelConfig, seq_len: int) -> None:
+def check_context_parallel(model: ModelSpec, parallel: ParallelConfig, seq_len: int,
+                           name: Callable[[str, object], str] = flag_name) -> None:
     """Refuse a CP setting that cannot run.
+
+    Args:
+        model, parallel: the model and the degrees; seq_len: the sequence length (tokens).
+        name: how a message names a setting, from its field and value (default: the flag,
+            ``--cp 3``; :func:`simtrain.costs.stage.check_settings`).
 
     Raises:
         SimtrainError: ``2 x cp`` not dividing the sequence length (causal load balancing), CP
@@ -69,16 +76,16 @@ def check_context_parallel(model: ModelSpec, parallel: ParallelConfig, seq_len: 
         return
     if seq_len % (2 * cp):
         raise SimtrainError(
-            f"--cp {cp}: 2 x cp = {2 * cp} must divide the sequence length {seq_len} "
+            f"{name('cp', cp)}: 2 x cp = {2 * cp} must divide the sequence length {seq_len} "
             "(causal load balancing splits each sequence into 2 x cp chunks)")
     if parallel.ep > 1:
-        raise SimtrainError(f"--cp {cp} with --ep {parallel.ep}: context parallelism with expert "
+        raise SimtrainError(f"{name('cp', cp)} with {name('ep', parallel.ep)}: context parallelism with expert "
                             "parallelism is not modelled; use --cp 1 or --ep 1")
     if parallel.cp_kind == "ulysses":
         for heads, what in ((model.num_heads, "attention heads"), (model.kv_heads, "KV heads")):
             if heads % (parallel.tp * cp):
                 raise SimtrainError(
-                    f"--cp {cp} --cp-kind ulysses: tp x cp = {parallel.tp * cp} must divide the model's "
+                    f"{name('cp', cp)} {name('cp_kind', parallel.cp_kind)}: tp x cp = {parallel.tp * cp} must divide the model's "
                     f"{heads} {what} ({model.name}); use --cp-kind ring or allgather, or a smaller --cp")
 
 

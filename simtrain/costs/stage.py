@@ -5,6 +5,7 @@ Formulas and sources: :mod:`simtrain.costs`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..errors import SimtrainError
@@ -12,7 +13,7 @@ from ..hardware import HardwareProfile
 from ..models import ModelSpec
 from ..moe import check_expert_parallel, chunk_cost, gpu_layer_params, imbalance_extra_s
 from ..network import Collective
-from ..parallel import ParallelConfig
+from ..parallel import ParallelConfig, flag_name
 from .context import check_context_parallel, cp_declaration
 from .pipelining import StageBuffers, stage_buffers
 from .saved import applies as saved_applies, eager_head_bytes
@@ -301,6 +302,32 @@ def _chunk(st: _Setting, c: int, layers: tuple[int, ...]) -> ChunkCost:
     )
 
 
+def check_settings(model: ModelSpec, parallel: ParallelConfig, hardware: HardwareProfile,
+                   name: Callable[[str, object], str] = flag_name) -> None:
+    """Refuse parallel settings the model cannot be cut or run with: tp not dividing the
+    attention heads (Megatron-LM shards whole heads), expert parallelism
+    (:func:`simtrain.moe.check_expert_parallel`), context parallelism
+    (:func:`~simtrain.costs.context.check_context_parallel`) and frozen weights / LoRA
+    (:func:`~simtrain.costs.trainable.check_trainable`).
+
+    Args:
+        model, parallel, hardware: what runs where.
+        name: how a message names a setting, from its field and value (default: the flag,
+            ``--tp 3``; a scenario file's loader names the file's field,
+            :func:`simtrain.cli.settings.setting_name`).
+
+    Raises:
+        SimtrainError: the first setting that cannot run, named by ``name``.
+    """
+    if model.num_heads % parallel.tp:
+        raise SimtrainError(
+            f"{name('tp', parallel.tp)}: must divide the model's {model.num_heads} attention heads ({model.name})"
+        )
+    check_expert_parallel(model, parallel, hardware, name)
+    check_context_parallel(model, parallel, parallel.seq_len or model.seq_len, name)
+    check_trainable(model, parallel, name)
+
+
 def stage_costs(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -321,19 +348,12 @@ def stage_costs(
         A :class:`StageCosts` with ``num_chunks`` chunks.
 
     Raises:
-        SimtrainError: more chunks than layers, tp that does not divide the heads, expert
-            parallelism that cannot run (:func:`simtrain.moe.check_expert_parallel`), or a dtype
-            the profile lacks.
+        SimtrainError: more chunks than layers, settings that cannot run
+            (:func:`check_settings`), or a dtype the profile lacks.
     """
     tp = parallel.tp
-    if model.num_heads % tp:
-        raise SimtrainError(
-            f"--tp {tp}: must divide the model's {model.num_heads} attention heads ({model.name})"
-        )
-    check_expert_parallel(model, parallel, hardware)
+    check_settings(model, parallel, hardware)
     s = parallel.seq_len or model.seq_len
-    check_context_parallel(model, parallel, s)
-    check_trainable(model, parallel)
     tokens = parallel.microbatch_size * s // parallel.cp  # this GPU's share of the microbatch
     elem, dtype = parallel.dtype_bytes, parallel.dtype
     hardware.achieved_flops(dtype)  # an unknown dtype is an error even with calibrated tables

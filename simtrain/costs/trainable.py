@@ -17,12 +17,13 @@ linear layers of the transformer blocks).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..errors import SimtrainError
 from ..hardware import HardwareProfile
 from ..models import ModelSpec
-from ..parallel import ParallelConfig
+from ..parallel import ParallelConfig, flag_name
 from .layers import gemm_seconds, linear_layers
 
 
@@ -45,8 +46,14 @@ class Adapter:
     activation_bytes: float = 0.0
 
 
-def check_trainable(model: ModelSpec, parallel: ParallelConfig) -> None:
+def check_trainable(model: ModelSpec, parallel: ParallelConfig,
+                    name: Callable[[str, object], str] = flag_name) -> None:
     """Refuse a ``--trainable`` setting the model cannot have.
+
+    Args:
+        model, parallel: the model and its settings.
+        name: how a message names a setting, from its field and value (default: the flag,
+            ``--trainable lora:8``; :func:`simtrain.costs.stage.check_settings`).
 
     Raises:
         SimtrainError: frozen layers beyond the model's layers, or LoRA / frozen layers on an MoE
@@ -55,11 +62,11 @@ def check_trainable(model: ModelSpec, parallel: ParallelConfig) -> None:
     if parallel.trainable == "all":
         return
     if model.moe is not None:
-        raise SimtrainError(f"--trainable {parallel.trainable}: frozen weights are not modelled for MoE models "
+        raise SimtrainError(f"{name('trainable', parallel.trainable)}: frozen weights are not modelled for MoE models "
                             f"({model.name}); use --trainable all")
     beyond = sorted(x for x in parallel.frozen_layers if x >= model.num_layers)
     if beyond:
-        raise SimtrainError(f"--trainable {parallel.trainable}: layer {beyond[0]} does not exist; {model.name} has "
+        raise SimtrainError(f"{name('trainable', parallel.trainable)}: layer {beyond[0]} does not exist; {model.name} has "
                             f"layers 0-{model.num_layers - 1}")
 
 

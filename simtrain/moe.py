@@ -201,8 +201,14 @@ def check_expert_parallel(model: ModelSpec, parallel: ParallelConfig, hardware: 
         )
 
 
-def resolve_waves(model: ModelSpec, parallel: ParallelConfig) -> int:
+def resolve_waves(model: ModelSpec, parallel: ParallelConfig, name: Callable[[str, object], str] = flag_name) -> int:
     """Waves per MoE layer for a ``+waved-ep`` schedule: ``--waves``, or min(4, local experts).
+
+    Args:
+        model, parallel: the model and its settings.
+        name: how a message names a setting, from its field and value (default: the flag,
+            ``--waves 8``; a scenario file's loader names the file's field, as for
+            :func:`check_expert_parallel`).
 
     Raises:
         SimtrainError: ep = 1 (no all-to-all to overlap), or more waves than local experts.
@@ -210,14 +216,14 @@ def resolve_waves(model: ModelSpec, parallel: ParallelConfig) -> int:
     if parallel.ep == 1 or model.moe is None:
         raise SimtrainError(
             "+waved-ep: needs an MoE model with expert parallelism (--ep > 1); "
-            f"got model '{model.name}' with --ep {parallel.ep}"
+            f"got model '{model.name}' with {name('ep', parallel.ep)}"
         )
     local = model.moe.num_experts // parallel.ep
     if parallel.waves is None:
         return min(4, local)
     if parallel.waves > local:
         raise SimtrainError(
-            f"--waves {parallel.waves}: waves partition each rank's {local} local experts "
+            f"{name('waves', parallel.waves)}: waves partition each rank's {local} local experts "
             f"({model.moe.num_experts} experts / ep {parallel.ep}); use --waves <= {local}"
         )
     return parallel.waves

@@ -215,6 +215,26 @@ def test_stage_setting_errors_name_the_scenario_field_or_the_flag(tmp_path, fiel
     assert res.exit_code == 2 and "error: " + flag_msg in res.stderr.replace("\n", " "), res.stderr
 
 
+def test_waves_error_names_the_scenario_field_or_the_flag(tmp_path):
+    """--waves (and the ep it needs) set in a scenario file were reported as flags nobody typed."""
+    sc = tmp_path / "s_waves.yaml"
+    sc.write_text("model: mixtral-8x7b\nhardware: h100-sxm\nschedules: [1f1b+waved-ep]\n"
+                  "parallel: {dp: 8, ep: 8, pp: 2, microbatches: 4, seq_len: 1024, waves: 2}\n")
+    res = invoke("compare", str(sc), "--json")
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert res.exit_code == 2 and len(lines) == 1, res.stderr
+    assert f"error: {sc}: field 'parallel.waves' = 2: waves partition each rank's 1 local experts" \
+        in res.stderr.replace("\n", " "), res.stderr
+    res = invoke("compare", str(sc), "--waves", "2", "--json")  # typed: the flag, as before
+    assert res.exit_code == 2 and "error: --waves 2: waves partition each rank's 1 local experts" in res.stderr, res.stderr
+    sc.write_text("model: mixtral-8x7b\nhardware: h100-sxm\nschedules: [1f1b+waved-ep]\n"
+                  "parallel: {dp: 8, ep: 1, pp: 2, microbatches: 4, seq_len: 1024}\n")
+    res = invoke("compare", str(sc), "--json")
+    assert res.exit_code == 2 and f"with {sc}: field 'parallel.ep' = 1" in res.stderr.replace("\n", " "), res.stderr
+    res = invoke("compare", str(sc), "--ep", "1", "--json")
+    assert res.exit_code == 2 and "got model 'mixtral-8x7b' with --ep 1" in res.stderr, res.stderr
+
+
 def test_binary_file_given_as_yaml(tmp_path):
     png = tmp_path / "p.yaml"
     png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")

@@ -19,10 +19,11 @@ from ..hardware import GiB, HardwareProfile
 from ..importers import read_job
 from ..metrics import Report
 from ..models import ModelSpec
+from ..moe import resolve_waves
 from ..parallel import ParallelConfig
 from ..progress import progress
 from ..scenario import ScheduleRun, run_schedule
-from ..schedules import Schedule
+from ..schedules import Schedule, split_name
 from ..schedules.io import read_torch_csv
 from ..cost_models import CostChoice, check_kernels, hfu, parse_cost_choice, recompute_modules, stage_breakdown
 from ..sweep import SweepSpec, parse_sweep, run_sweep, sweep_from_mapping, sweep_records
@@ -248,6 +249,8 @@ def _check_plan(st: Settings, plan: _ComparePlan, given: set[str], max_tasks: in
             :func:`~simtrain.checks.check_structure`, :func:`~simtrain.checks.check_imported`.
     """
     check_applicable(plan.names, st.model, st.hardware, plan.parallel, given, plan.imported is not None)
+    if any("waved-ep" in split_name(n)[1] for n in plan.names):  # named as set, before run_schedule's check
+        resolve_waves(st.model, plan.parallel, st.name)
     sweep = (plan.sweep.field, list(plan.sweep.values)) if plan.sweep is not None else None
     check_structure(plan.names, st.model, plan.parallel, max_tasks, sweep)
     if plan.imported is not None:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .costs import split_layers
 from .errors import SimtrainError
 from .hardware import HardwareProfile
 from .models import ModelSpec
-from .parallel import ParallelConfig
+from .parallel import ParallelConfig, flag_name
 from .schedules import REGISTRY, ScheduleWarning, split_name
 
 MAX_TASKS = 2_000_000
@@ -260,7 +260,8 @@ def _not_applicable(flag: str, given: bool, why: str) -> None:
 
 
 def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfile, parallel: ParallelConfig,
-                     given: set[str], imported: bool = False) -> None:
+                     given: set[str], imported: bool = False,
+                     name: Callable[[str, object], str] = flag_name) -> None:
     """Refuse flags that do not apply, and warn about settings that are legal but odd.
 
     Args:
@@ -269,6 +270,9 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
         given: ParallelConfig fields given as command-line flags (the rest came from a scenario
             file or the defaults).
         imported: a schedule file runs too (its stages per rank are the file's, whatever ``vp``).
+        name: how a warning names a setting, from its field and value (default: the flag,
+            ``--tp 16``; a scenario file's loader names the file's field,
+            :func:`simtrain.cli.settings.setting_name`).
 
     Raises:
         SimtrainError: a flag that applies to none of ``names`` or not to the model.
@@ -288,27 +292,27 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
             why = (f"{model.name} has no experts" if model.moe is None else "it needs expert parallelism (--ep > 1)")
             _not_applicable(f"--{field.replace('_', '-')}", field in given, f"applies to MoE all-to-all only, and {why}")
     _check_settings_apply(names, parallel, given)
-    for name in [n for n, _ in bases if n in EP_PAIRED] if not moe else []:
-        _warn(f"{name}: Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm) needs expert "
-              f"parallelism, and {model.name} " + ("has no experts" if model.moe is None else "runs with --ep 1")
+    for sched in [n for n, _ in bases if n in EP_PAIRED] if not moe else []:
+        _warn(f"{sched}: Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm) needs expert "
+              f"parallelism, and {model.name} " + ("has no experts" if model.moe is None else f"runs with {name('ep', parallel.ep)}")
               + ": there is no all-to-all to hide; its F&B pairs are lowered as DualPipe's (layer by layer, "
               "each half's TP collectives behind the other half's compute)")
     gpn = hardware.gpus_per_node
     if moe and parallel.node_limit is not None:
         nodes = math.ceil(parallel.ep / gpn)
         if parallel.node_limit >= nodes:
-            _warn(f"--node-limit {parallel.node_limit}: an EP group of {parallel.ep} GPUs spans {nodes} node(s) of "
+            _warn(f"{name('node_limit', parallel.node_limit)}: an EP group of {parallel.ep} GPUs spans {nodes} node(s) of "
                   f"{gpn} GPUs, so the limit never binds; the result is that of no node limit")
     if parallel.tp > gpn:
-        _warn(f"--tp {parallel.tp} > {gpn} GPUs per node of {hardware.name}: each TP group spans "
+        _warn(f"{name('tp', parallel.tp)} > {gpn} GPUs per node of {hardware.name}: each TP group spans "
               f"{math.ceil(parallel.tp / gpn)} nodes, so its collectives, on the critical path of every layer, run over "
               f"{hardware.inter_node.name} ({hardware.nic_bandwidth_per_gpu_bytes_per_s / 1e9:.0f} GB/s per GPU "
               f"instead of {hardware.intra_node.bandwidth_bytes_per_s / 1e9:.0f} GB/s NVLink); see exposed comm")
     elif gpn % parallel.tp:
-        _warn(f"--tp {parallel.tp} does not divide the {gpn} GPUs per node of {hardware.name}: some TP groups "
+        _warn(f"{name('tp', parallel.tp)} does not divide the {gpn} GPUs per node of {hardware.name}: some TP groups "
               "straddle two nodes, and their collectives run over the inter-node network")
     if parallel.tp > model.kv_heads:
-        _warn(f"--tp {parallel.tp} > the {model.kv_heads} KV heads of {model.name}: each KV head is replicated on "
+        _warn(f"{name('tp', parallel.tp)} > the {model.kv_heads} KV heads of {model.name}: each KV head is replicated on "
               f"{parallel.tp // model.kv_heads} GPUs (Megatron-LM), while simtrain divides the K/V projections by "
               "tp, so their FLOPs and memory are underestimated")
 

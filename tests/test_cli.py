@@ -235,6 +235,19 @@ def test_waves_error_names_the_scenario_field_or_the_flag(tmp_path):
     assert res.exit_code == 2 and "got model 'mixtral-8x7b' with --ep 1" in res.stderr, res.stderr
 
 
+def test_tp_warnings_name_the_scenario_field_or_the_flag(tmp_path):
+    """A TP group over nodes set in a scenario file was reported as `--tp 16`, a flag nobody typed."""
+    sc = tmp_path / "s_tp16.yaml"
+    sc.write_text("model: llama3-8b\nhardware: h100-sxm\nschedules: [1f1b]\n"
+                  "parallel: {tp: 16, pp: 2, microbatches: 4, seq_len: 1024}\n")
+    res = invoke("compare", str(sc), "--json")
+    text = res.stderr.replace("\n", " ")
+    assert res.exit_code == 0 and f"warning: {sc}: field 'parallel.tp' = 16 > 8 GPUs per node of h100-sxm" in text, text
+    assert f"warning: {sc}: field 'parallel.tp' = 16 > the 8 KV heads" in text and "--tp 16" not in text, text
+    res = invoke("compare", str(sc), "--tp", "16", "--json")  # typed: the flag, as before
+    assert res.exit_code == 0 and "warning: --tp 16 > 8 GPUs per node of h100-sxm" in res.stderr.replace("\n", " ")
+
+
 def test_binary_file_given_as_yaml(tmp_path):
     png = tmp_path / "p.yaml"
     png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")

@@ -248,7 +248,7 @@ def _check_plan(st: Settings, plan: _ComparePlan, given: set[str], max_tasks: in
         SimtrainError: see :func:`~simtrain.checks.check_applicable`,
             :func:`~simtrain.checks.check_structure`, :func:`~simtrain.checks.check_imported`.
     """
-    check_applicable(plan.names, st.model, st.hardware, plan.parallel, given, plan.imported is not None)
+    check_applicable(plan.names, st.model, st.hardware, plan.parallel, given, plan.imported is not None, st.name)
     if any("waved-ep" in split_name(n)[1] for n in plan.names):  # named as set, before run_schedule's check
         resolve_waves(st.model, plan.parallel, st.name)
     sweep = (plan.sweep.field, list(plan.sweep.values)) if plan.sweep is not None else None

@@ -157,7 +157,7 @@ def check_work(names: list[str], model: ModelSpec, parallel: ParallelConfig, max
                sweep: tuple[str, list[int]] | None = None, api: bool = False) -> int:
     """Refuse a run whose work is above ``max_tasks``: the per-layer costs every run builds, and
     the estimated tasks of all schedules and sweep points (:func:`estimate_tasks`). Arguments as
-    :func:`check_structure`'s.
+    :func:`check_structure`'s; no ``names`` (a schedule imported or measured alone) is one run.
 
     Returns:
         The estimated tasks.
@@ -167,7 +167,7 @@ def check_work(names: list[str], model: ModelSpec, parallel: ParallelConfig, max
             estimate above ``max_tasks``.
     """
     points = [parallel] + ([parallel.model_copy(update={sweep[0]: v}) for v in sweep[1]] if sweep else [])
-    _check_layer_work(model, len(names) * len(points), max_tasks, api)
+    _check_layer_work(model, max(len(names), 1) * len(points), max_tasks, api)  # an imported order alone: 1 run
     total = sum(estimate_tasks(name, model, point) for point in points for name in names)
     _refuse_work(total, max_tasks, f"simulating {', '.join(names) or 'the schedule'} at pp {parallel.pp}, "
                  f"{parallel.microbatches} microbatches" + (f" and {len(sweep[1])} sweep points" if sweep else ""), api)

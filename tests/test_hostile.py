@@ -228,6 +228,23 @@ def test_a_model_of_millions_of_layers_is_refused_before_its_costs(tmp_path, mon
         simtrain.simulate(str(tmp_path / "m.yaml"), "h100-sxm")
 
 
+@pytest.mark.parametrize("schedule", [[], ["--schedule", "1f1b"]])
+def test_overlay_refuses_a_model_of_millions_of_layers_before_its_costs(tmp_path, monkeypatch, schedule):
+    """A review: overlay ran without checks.check_structure, so a huge model was not refused early."""
+    import simtrain
+    import simtrain.scenario as scenario
+
+    monkeypatch.setattr(scenario, "stage_costs", lambda *a, **k: pytest.fail("built the per-layer costs"))
+    text = (Path(simtrain.__file__).parent / "model_presets" / "llama3-8b.yaml").read_text()
+    (tmp_path / "m.yaml").write_text(text.replace("num_layers: 32", "num_layers: 3000000"))
+    data = Path(__file__).parent / "data"
+    args = ["overlay", "--measured", data / "torch_gpipe_rank0.json", "--measured", data / "torch_gpipe_rank1.json",
+            "--model", tmp_path / "m.yaml", "--hardware", "h100-sxm", "--out", tmp_path / "o.html", *schedule]
+    one_error(invoke(*args), "field 'num_layers' = 3000000", "above the ceiling of 2,000,000", "--max-tasks 3000000")
+    args[args.index(tmp_path / "m.yaml")] = "llama3-8b"  # the ceiling is overlay's own --max-tasks
+    one_error(invoke(*args, "--max-tasks", 10), "field 'num_layers' = 32", "above the ceiling of 10")
+
+
 def test_ceiling_is_documented():
     assert f"{MAX_TASKS:,}" in (Path(__file__).parent.parent / "README.md").read_text()
 

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ..calibration.commands import calibrate, validate
 from ..atomic import check_writable
-from ..checks import MAX_TASKS, check_export, check_finite
+from ..checks import MAX_TASKS, check_export, check_finite, check_structure
 from ..collective_cli import collective
 from ..errors import SimtrainError
 from ..export import check_output_path, write_output
@@ -77,6 +77,8 @@ def overlay(
         help="fixed seconds per action F,I,W, or 'measured' for the trace's median F, I, W")] = None,
     no_comm: Annotated[bool, typer.Option("--no-comm", help="make all communication free")] = False,
     step: Annotated[Optional[int], typer.Option(help="the trace's ProfilerStep#N to take (default: the last)")] = None,
+    max_tasks: Annotated[int, typer.Option(
+        min=1, help="refuse runs estimated above this many simulated tasks")] = MAX_TASKS,
     out_path: Annotated[Path, typer.Option("--out", help="HTML page to write")] = Path("simtrain-overlay.html"),
     as_json: Annotated[bool, typer.Option("--json", help="print the per-action differences as JSON")] = False,
     force: Annotated[bool, typer.Option("--force", help="overwrite --out if simtrain did not write it")] = False,
@@ -103,6 +105,7 @@ def overlay(
     times = measured_op_times(actions) if from_trace else st.op_times
     if schedule is not None and schedule not in REGISTRY:
         raise SimtrainError(f"--schedule: unknown schedule '{schedule}'; choose from {sorted(REGISTRY)}")
+    check_structure([schedule] if schedule else [], st.model, st.parallel, max_tasks)  # as compare: before any cost
     run = run_schedule(schedule or taken, st.model, st.hardware, st.parallel, op_times=times, comm=st.comm)
     trace = run.result.trace
     diffs = action_differences(actions, trace)

@@ -248,6 +248,32 @@ def test_tp_warnings_name_the_scenario_field_or_the_flag(tmp_path):
     assert res.exit_code == 0 and "warning: --tp 16 > 8 GPUs per node of h100-sxm" in res.stderr.replace("\n", " ")
 
 
+def test_schedule_constraints_name_the_scenario_field_or_the_flag(tmp_path):
+    """A review: `dualpipev: --microbatches = 2 with --pp 4` named flags nobody typed when both
+    came from the scenario file; the zbv warning too."""
+    sc = tmp_path / "s_dpv.yaml"
+    sc.write_text("model: llama3-8b\nhardware: h100-sxm\nschedules: [dualpipev]\n"
+                  "parallel: {pp: 4, microbatches: 2, seq_len: 1024}\n")
+    res = invoke("compare", str(sc), "--json")
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert res.exit_code == 2 and len(lines) == 1, res.stderr
+    assert f"error: dualpipev: {sc}: field 'parallel.microbatches' = 2 with {sc}: field 'parallel.pp' = 4: " \
+        "DualPipeV needs at least as many microbatches as stages" in res.stderr.replace("\n", " "), res.stderr
+    res = invoke("compare", str(sc), "--microbatches", "2", "--json")  # one typed, one from the file
+    assert res.exit_code == 2 and f"error: dualpipev: --microbatches = 2 with {sc}: field 'parallel.pp' = 4: " \
+        in res.stderr.replace("\n", " "), res.stderr
+    res = invoke("compare", str(sc), "--microbatches", "2", "--pp", "4", "--json")  # typed: as before
+    assert res.exit_code == 2 and "error: dualpipev: --microbatches = 2 with --pp 4: DualPipeV needs" in res.stderr
+    sc.write_text("model: llama3-8b\nhardware: h100-sxm\nschedules: [zbv]\n"
+                  "parallel: {pp: 4, microbatches: 4, seq_len: 1024}\n")
+    res = invoke("compare", str(sc), "--json")
+    text = res.stderr.replace("\n", " ")
+    assert res.exit_code == 0 and f"warning: zbv: {sc}: field 'parallel.microbatches' = 4 with {sc}: field " \
+        "'parallel.pp' = 4: ZB-V fills its pipeline only with m >= 2 x pp - 1 = 7" in text and "--pp" not in text, text
+    res = invoke("compare", str(sc), "--pp", "4", "--microbatches", "4", "--json")
+    assert res.exit_code == 0 and "warning: zbv: --microbatches = 4 with --pp 4: ZB-V" in res.stderr, res.stderr
+
+
 def test_binary_file_given_as_yaml(tmp_path):
     png = tmp_path / "p.yaml"
     png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")

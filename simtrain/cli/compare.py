@@ -20,7 +20,7 @@ from ..importers import read_job
 from ..metrics import Report
 from ..models import ModelSpec
 from ..moe import resolve_waves
-from ..parallel import ParallelConfig
+from ..parallel import ParallelConfig, flag_name
 from ..progress import progress
 from ..scenario import ScheduleRun, run_schedule
 from ..schedules import Schedule, split_name
@@ -28,7 +28,7 @@ from ..schedules.io import read_torch_csv
 from ..cost_models import CostChoice, check_kernels, hfu, parse_cost_choice, recompute_modules, stage_breakdown
 from ..sweep import SweepSpec, parse_sweep, run_sweep, sweep_from_mapping, sweep_records
 from .app import app, err, out, user_errors
-from .settings import Settings, fit_to_file, load_settings, parallel_from
+from .settings import Settings, fit_to_file, load_settings, parallel_from, settings_named
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -154,7 +154,9 @@ def compare(
                           schedule_file, from_megatron, from_torchtitan) if p]
     outputs = _check_outputs(st, out_path, as_json, trace_path, csv_path, inputs, force)
     plan = _at_sweep_point(st, plan)
-    runs, sweep_rows = _run_compare(st, plan, choice)
+    swept = plan.sweep.field if plan.sweep else None  # the swept field's values are the sweep's, not the file's
+    with settings_named(lambda f, v: flag_name(f, v) if f == swept else st.name(f, v)):
+        runs, sweep_rows = _run_compare(st, plan, choice)
     subtitle = _subtitle(st.model, st.hardware, plan.parallel, st.op_times, st.comm) + _cost_note(choice)
     _write_outputs(outputs, st, plan, runs, sweep_rows, subtitle)
     reports = [r.report for r in runs]

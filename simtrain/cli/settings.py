@@ -4,8 +4,10 @@ flag or the file's field in every error."""
 from __future__ import annotations
 
 import re
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -18,7 +20,7 @@ from ..models import ModelSpec, load_model
 from ..costs.stage import check_settings
 from ..parallel import ParallelConfig, flag_name
 from ..scenario import DEFAULT_SCENARIO, Scenario, load_scenario
-from ..schedules import Schedule
+from ..schedules import Schedule, ScheduleWarning, SettingsError, SettingsWarning
 
 def flag_of(field: str) -> str:
     """The command-line flag of a ParallelConfig field (``microbatch_size`` -> ``--microbatch-size``)."""
@@ -39,6 +41,29 @@ def setting_name(given: set[str], source: str, names: dict[str, str] | None = No
     (``s.yaml: field 'parallel.ep' = 4``; an imported job's own name of it in ``names``)."""
     return lambda field, value: (flag_name(field, value) if field in given
                                  else f"{_label(field, given, source, names)} = {value!r}")
+
+
+@contextmanager
+def settings_named(name: Callable[[str, object], str]) -> Iterator[None]:
+    """Word a schedule's refusal of its settings (:class:`~simtrain.schedules.SettingsError`, and
+    a :class:`~simtrain.schedules.SettingsWarning` given on the way) with ``name``
+    (:func:`setting_name`), so a scenario file's pp or microbatches is named as its field.
+
+    Raises:
+        SimtrainError: the refusal, worded by ``name``.
+    """
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SettingsWarning)
+            try:
+                yield
+            except SettingsError as exc:
+                raise SimtrainError(exc.named(name)) from None
+    finally:  # on to the caller's handling, reworded, once the recording is over (an error too)
+        for w in caught:
+            said = ScheduleWarning(w.message.named(name)) if isinstance(w.message, SettingsWarning) else w.message
+            warnings.warn_explicit(said, w.category, w.filename, w.lineno)
 
 
 def parallel_from(base: dict, overrides: dict, source: str, names: dict[str, str] | None = None) -> ParallelConfig:

@@ -22,7 +22,8 @@ from .eager_1f1b import eager_1f1b
 from .gpipe import gpipe
 from .interleaved import interleaved_1f1b
 from .interleaved_zb import interleaved_zero_bubble
-from .ir import Action, ActionKind, OverlapAction, Schedule, ScheduleError, ScheduleWarning, parse_action
+from .ir import (Action, ActionKind, OverlapAction, Schedule, ScheduleError, ScheduleWarning, SettingsError,
+                 SettingsWarning, parse_action)
 from .looped_bfs import looped_bfs
 from .names import VARIANTS, split_name
 from .one_f_one_b import one_f_one_b
@@ -91,7 +92,7 @@ def generate(name: str, pp: int, microbatches: int, vp: int = 1) -> Schedule:
                                 f"not a schedule order; give '{base}'")
         raise ScheduleError(f"unknown schedule '{name.strip()}': choose from {sorted(REGISTRY)}")
     if vp < 1:
-        raise ScheduleError(f"{name}: --vp = {vp}: must be >= 1 stage per rank")
+        raise SettingsError(name, {"vp": vp}, "must be >= 1 stage per rank")
     schedule = info.generator(pp, microbatches, vp if info.uses_vp else 1)
     schedule.validate()
     return schedule
@@ -106,6 +107,8 @@ __all__ = [
     "ScheduleError",
     "ScheduleInfo",
     "ScheduleWarning",
+    "SettingsError",
+    "SettingsWarning",
     "VARIANTS",
     "generate",
     "parse_action",

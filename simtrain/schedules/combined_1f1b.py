@@ -71,7 +71,7 @@ from collections.abc import Sequence
 
 from .common import check_common, looped_placement
 from .interleaved import looped_actions, round_size, virtual_microbatches
-from .ir import Action, AnyAction, OverlapAction, Schedule, ScheduleError, ScheduleWarning
+from .ir import Action, AnyAction, OverlapAction, Schedule, ScheduleWarning, SettingsError
 
 
 def combined_warmup(pp: int, rank: int, vp: int, group: int) -> int:
@@ -101,13 +101,13 @@ def combined_phases(forwards: Sequence[Action], backwards: Sequence[Action], war
 def _combined(name: str, pp: int, microbatches: int, vp: int) -> Schedule:
     """The combined 1F1B order on ``pp`` ranks with ``vp`` looped chunks (module docstring)."""
     if microbatches < pp:
-        raise ScheduleError(
-            f"{name}: --microbatches = {microbatches} with --pp {pp}: Megatron-Core's combined 1F1B "
+        raise SettingsError(
+            name, {"microbatches": microbatches, "pp": pp}, "Megatron-Core's combined 1F1B "
             f"needs at least pp = {pp} microbatches (its interleaved schedule takes a microbatch group "
             "between pp and m: megatron/core/pipeline_parallel/schedules.py)")
     if pp == 1 and vp > 1:
-        raise ScheduleError(
-            f"{name}: --vp = {vp} with --pp 1: Megatron-Core runs one model chunk without pipeline "
+        raise SettingsError(
+            name, {"vp": vp, "pp": pp}, "Megatron-Core runs one model chunk without pipeline "
             "parallelism (forward_backward_no_pipelining); give --vp 1 or --pp 2 or more")
     group = microbatches if vp == 1 else round_size(name, "ScheduleInterleaved1F1B", pp, microbatches)
     table = virtual_microbatches(microbatches, vp, group)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .ir import Action, ScheduleError
+from .ir import Action, SettingsError
 
 
 def check_common(name: str, pp: int, microbatches: int, vp: int, allowed_vp: Iterable[int] | None = None) -> None:
@@ -21,18 +21,16 @@ def check_common(name: str, pp: int, microbatches: int, vp: int, allowed_vp: Ite
         ScheduleError: naming the parameter, its value and what is allowed.
     """
     if pp < 1:
-        raise ScheduleError(f"{name}: --pp = {pp}: must be >= 1 pipeline rank")
+        raise SettingsError(name, {"pp": pp}, "must be >= 1 pipeline rank")
     if microbatches < 1:
-        raise ScheduleError(f"{name}: --microbatches = {microbatches}: must be >= 1")
+        raise SettingsError(name, {"microbatches": microbatches}, "must be >= 1")
     if vp < 1:
-        raise ScheduleError(f"{name}: --vp = {vp}: must be >= 1 stage per rank")
+        raise SettingsError(name, {"vp": vp}, "must be >= 1 stage per rank")
     if allowed_vp is not None:
         allowed = tuple(allowed_vp)
         if vp not in allowed:
-            raise ScheduleError(
-                f"{name}: --vp = {vp}: this schedule runs {' or '.join(map(str, allowed))} "
-                "stage(s) per rank"
-            )
+            raise SettingsError(name, {"vp": vp}, f"this schedule runs {' or '.join(map(str, allowed))} "
+                                "stage(s) per rank")
 
 
 def linear_placement(pp: int) -> tuple[int, ...]:

@@ -48,7 +48,7 @@ from collections import deque
 from collections.abc import Callable
 
 from .common import check_common
-from .ir import Action, AnyAction, OverlapAction, Schedule, ScheduleError
+from .ir import Action, AnyAction, OverlapAction, Schedule, ScheduleError, SettingsError
 
 
 class RankProgram:
@@ -178,13 +178,11 @@ def dualpipe(pp: int, microbatches: int, vp: int = 1) -> Schedule:
     """
     check_common("dualpipe", pp, microbatches, vp, allowed_vp=(1,))
     if pp % 2:
-        raise ScheduleError(
-            f"dualpipe: --pp = {pp}: DualPipe needs an even number of pipeline ranks "
-            "(rank r is paired with rank pp-1-r)"
-        )
+        raise SettingsError("dualpipe", {"pp": pp}, "DualPipe needs an even number of pipeline ranks "
+                            "(rank r is paired with rank pp-1-r)")
     if microbatches % 2 or microbatches < 2 * pp:
-        raise ScheduleError(
-            f"dualpipe: --microbatches = {microbatches} with --pp {pp}: DualPipe needs an even number "
+        raise SettingsError(
+            "dualpipe", {"microbatches": microbatches, "pp": pp}, "DualPipe needs an even number "
             f"of microbatches, at least 2 x pp = {2 * pp} (half flow in each direction; "
             "deepseek-ai/DualPipe asserts this)"
         )

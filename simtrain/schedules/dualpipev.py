@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .common import check_common, v_placement
 from .dualpipe import RankProgram, eight_steps
-from .ir import Schedule, ScheduleError
+from .ir import Schedule, SettingsError
 
 
 def dualpipev(pp: int, microbatches: int, vp: int = 1) -> Schedule:
@@ -42,8 +42,8 @@ def dualpipev(pp: int, microbatches: int, vp: int = 1) -> Schedule:
     """
     check_common("dualpipev", pp, microbatches, vp, allowed_vp=(1, 2))
     if microbatches < 2 * pp:
-        raise ScheduleError(
-            f"dualpipev: --microbatches = {microbatches} with --pp {pp}: DualPipeV needs at least "
+        raise SettingsError(
+            "dualpipev", {"microbatches": microbatches, "pp": pp}, "DualPipeV needs at least "
             f"as many microbatches as stages, 2 x pp = {2 * pp}"
         )
     stages = 2 * pp

@@ -21,7 +21,7 @@ against 1F1B's p). Paddle asserts ``2(p - r) - 1 <= m`` on every rank, so m >= 2
 from __future__ import annotations
 
 from .common import check_common, linear_placement, one_f_one_b_phases
-from .ir import Action, Schedule, ScheduleError
+from .ir import Action, Schedule, SettingsError
 
 
 def eager_1f1b(pp: int, microbatches: int, vp: int = 1) -> Schedule:
@@ -40,8 +40,8 @@ def eager_1f1b(pp: int, microbatches: int, vp: int = 1) -> Schedule:
     """
     check_common("eager-1f1b", pp, microbatches, vp, allowed_vp=(1,))
     if microbatches < 2 * pp - 1:
-        raise ScheduleError(
-            f"eager-1f1b: --microbatches = {microbatches} with --pp {pp}: Eager 1F1B warms up with "
+        raise SettingsError(
+            "eager-1f1b", {"microbatches": microbatches, "pp": pp}, "Eager 1F1B warms up with "
             f"2 x pp - 1 = {2 * pp - 1} forwards on rank 0 and needs m >= {2 * pp - 1}"
         )
     orders = []

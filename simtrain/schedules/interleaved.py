@@ -36,7 +36,7 @@ from __future__ import annotations
 import warnings
 
 from .common import check_common, looped_placement, one_f_one_b_phases
-from .ir import Action, Schedule, ScheduleError, ScheduleWarning
+from .ir import Action, Schedule, ScheduleWarning, SettingsError
 
 
 def virtual_microbatches(microbatches: int, vp: int, group: int) -> list[tuple[int, int]]:
@@ -67,8 +67,8 @@ def round_size(name: str, torch_class: str, pp: int, microbatches: int) -> int:
     """
     rounds = max(1, microbatches // pp)
     if microbatches % rounds:
-        raise ScheduleError(
-            f"{name}: --microbatches = {microbatches} with --pp {pp}: torch's {torch_class} runs "
+        raise SettingsError(
+            name, {"microbatches": microbatches, "pp": pp}, f"torch's {torch_class} runs "
             f"{rounds} rounds of microbatches and needs m to be a multiple of {rounds}"
         )
     return microbatches // rounds

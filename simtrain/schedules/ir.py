@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Union
 
 from ..errors import SimtrainError
+from ..parallel import flag_name
 
 class ActionKind(StrEnum):
     """The compute kinds of an action, named as torch's ``_ComputationType``
@@ -46,6 +48,40 @@ class ScheduleWarning(UserWarning):
 
     Generators emit it with :func:`warnings.warn`; the CLI prints it as ``warning: ...``.
     """
+
+
+class _OnSettings:
+    """A generator's message about the settings it was given: ``schedule: SETTINGS: why``, the
+    settings (``{field: value}``, the refused one first) worded as flags, ``--microbatches = 2
+    with --pp 4``, until :meth:`named` words them as where they were set."""
+
+    def __init__(self, schedule: str, settings: dict[str, int], why: str) -> None:
+        self.schedule, self.settings, self.why = schedule, settings, why
+        super().__init__(self.named())
+
+    def __reduce__(self):
+        return type(self), (self.schedule, self.settings, self.why)
+
+    def named(self, name: Callable[[str, object], str] = flag_name) -> str:
+        """The message with each setting worded by ``name(field, value)`` (a scenario file's
+        loader: :func:`simtrain.cli.settings.setting_name`); one ``name`` words as its flag
+        (:func:`simtrain.parallel.flag_name`) keeps the generator's wording, so a typed flag reads
+        as it always did."""
+        words = []
+        for i, (field, value) in enumerate(self.settings.items()):
+            flag, said = flag_name(field, value), name(field, value)
+            words.append(said if said != flag else flag.replace(" ", " = ", 1) if i == 0 else flag)
+        return f"{self.schedule}: {' with '.join(words)}: {self.why}"
+
+
+class SettingsError(_OnSettings, ScheduleError):
+    """A schedule that cannot run with the settings it was given (pp, microbatches, vp): see
+    :class:`_OnSettings`."""
+
+
+class SettingsWarning(_OnSettings, ScheduleWarning):
+    """A schedule that runs, but not as its paper intends, with the settings it was given: see
+    :class:`_OnSettings`."""
 
 
 @dataclass(frozen=True, order=True)

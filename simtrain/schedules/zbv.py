@@ -33,7 +33,7 @@ from __future__ import annotations
 import warnings
 
 from .common import check_common, v_placement
-from .ir import Action, Schedule, ScheduleWarning
+from .ir import Action, Schedule, SettingsWarning
 
 
 def zbv(pp: int, microbatches: int, vp: int = 2) -> Schedule:
@@ -55,10 +55,9 @@ def zbv(pp: int, microbatches: int, vp: int = 2) -> Schedule:
     n = max(microbatches, 2 * pp - 1)
     if n > microbatches:
         warnings.warn(
-            f"zbv: --microbatches = {microbatches} with --pp {pp}: ZB-V fills its pipeline only "
-            f"with m >= 2 x pp - 1 = {n}; simulating torch's padded schedule (built for {n} "
-            f"microbatches, the missing ones left idle), which has bubbles",
-            ScheduleWarning,
+            SettingsWarning("zbv", {"microbatches": microbatches, "pp": pp}, "ZB-V fills its pipeline only "
+                            f"with m >= 2 x pp - 1 = {n}; simulating torch's padded schedule (built for {n} "
+                            "microbatches, the missing ones left idle), which has bubbles"),
             stacklevel=2,
         )
     orders = []

@@ -23,7 +23,7 @@ optimizer step (the paper's post-validation, §4), which simtrain's per-rank opt
 from __future__ import annotations
 
 from .common import check_common, linear_placement, one_f_one_b_phases
-from .ir import Action, Schedule, ScheduleError
+from .ir import Action, Schedule, SettingsError
 
 
 def _handcrafted(name: str, pp: int, microbatches: int, per_hop: int) -> Schedule:
@@ -73,8 +73,8 @@ def zb_h2(pp: int, microbatches: int, vp: int = 1) -> Schedule:
     """
     check_common("zb-h2", pp, microbatches, vp, allowed_vp=(1,))
     if microbatches < 2 * pp:
-        raise ScheduleError(
-            f"zb-h2: --microbatches = {microbatches} with --pp {pp}: ZB-H2 needs m >= 2 x pp = "
+        raise SettingsError(
+            "zb-h2", {"microbatches": microbatches, "pp": pp}, "ZB-H2 needs m >= 2 x pp = "
             f"{2 * pp} (its warm-up alone is 2(p-1) forwards); use zb-h1 for fewer microbatches"
         )
     return _handcrafted("zb-h2", pp, microbatches, per_hop=2)

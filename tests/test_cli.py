@@ -190,6 +190,13 @@ def test_expert_parallel_errors_name_the_scenario_field_or_the_flag(tmp_path):
     assert res.exit_code == 2 and "field 'parallel.expert_imbalance' = 9.0: at most ep = 8" in res.stderr, res.stderr
 
 
+def _one_error(res, needle: str) -> None:
+    """Exit 2 with exactly one `error:` line, holding ``needle`` (the line may wrap on stderr)."""
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert res.exit_code == 2 and len(lines) == 1, res.stderr
+    assert needle in res.stderr.replace("\n", " "), res.stderr
+
+
 @pytest.mark.parametrize("fields, flags, field_msg, flag_msg", [
     ("tp: 3", ["--tp", "3"], "field 'parallel.tp' = 3: must divide the model's 32 attention heads",
      "--tp 3: must divide the model's 32 attention heads"),
@@ -207,12 +214,8 @@ def test_stage_setting_errors_name_the_scenario_field_or_the_flag(tmp_path, fiel
     sc = tmp_path / "s_stage.yaml"
     sc.write_text(f"model: llama3-8b\nhardware: h100-sxm\nschedules: [1f1b]\n"
                   f"parallel: {{{fields}, pp: 2, microbatches: 4, seq_len: 1024}}\n")
-    res = invoke("compare", str(sc), "--json")
-    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    assert res.exit_code == 2 and len(lines) == 1, res.stderr
-    assert f"error: {sc}: " + field_msg.format(sc=sc) in res.stderr.replace("\n", " "), res.stderr
-    res = invoke("compare", str(sc), *flags, "--json")  # typed: the flag, as before
-    assert res.exit_code == 2 and "error: " + flag_msg in res.stderr.replace("\n", " "), res.stderr
+    _one_error(invoke("compare", str(sc), "--json"), f"error: {sc}: " + field_msg.format(sc=sc))
+    _one_error(invoke("compare", str(sc), *flags, "--json"), "error: " + flag_msg)  # typed: the flag, as before
 
 
 def test_waves_error_names_the_scenario_field_or_the_flag(tmp_path):
@@ -220,19 +223,14 @@ def test_waves_error_names_the_scenario_field_or_the_flag(tmp_path):
     sc = tmp_path / "s_waves.yaml"
     sc.write_text("model: mixtral-8x7b\nhardware: h100-sxm\nschedules: [1f1b+waved-ep]\n"
                   "parallel: {dp: 8, ep: 8, pp: 2, microbatches: 4, seq_len: 1024, waves: 2}\n")
-    res = invoke("compare", str(sc), "--json")
-    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    assert res.exit_code == 2 and len(lines) == 1, res.stderr
-    assert f"error: {sc}: field 'parallel.waves' = 2: waves partition each rank's 1 local experts" \
-        in res.stderr.replace("\n", " "), res.stderr
-    res = invoke("compare", str(sc), "--waves", "2", "--json")  # typed: the flag, as before
-    assert res.exit_code == 2 and "error: --waves 2: waves partition each rank's 1 local experts" in res.stderr, res.stderr
+    _one_error(invoke("compare", str(sc), "--json"),
+               f"error: {sc}: field 'parallel.waves' = 2: waves partition each rank's 1 local experts")
+    _one_error(invoke("compare", str(sc), "--waves", "2", "--json"),  # typed: the flag, as before
+               "error: --waves 2: waves partition each rank's 1 local experts")
     sc.write_text("model: mixtral-8x7b\nhardware: h100-sxm\nschedules: [1f1b+waved-ep]\n"
                   "parallel: {dp: 8, ep: 1, pp: 2, microbatches: 4, seq_len: 1024}\n")
-    res = invoke("compare", str(sc), "--json")
-    assert res.exit_code == 2 and f"with {sc}: field 'parallel.ep' = 1" in res.stderr.replace("\n", " "), res.stderr
-    res = invoke("compare", str(sc), "--ep", "1", "--json")
-    assert res.exit_code == 2 and "got model 'mixtral-8x7b' with --ep 1" in res.stderr, res.stderr
+    _one_error(invoke("compare", str(sc), "--json"), f"got model 'mixtral-8x7b' with {sc}: field 'parallel.ep' = 1")
+    _one_error(invoke("compare", str(sc), "--ep", "1", "--json"), "got model 'mixtral-8x7b' with --ep 1")
 
 
 def test_tp_warnings_name_the_scenario_field_or_the_flag(tmp_path):
@@ -254,16 +252,12 @@ def test_schedule_constraints_name_the_scenario_field_or_the_flag(tmp_path):
     sc = tmp_path / "s_dpv.yaml"
     sc.write_text("model: llama3-8b\nhardware: h100-sxm\nschedules: [dualpipev]\n"
                   "parallel: {pp: 4, microbatches: 2, seq_len: 1024}\n")
-    res = invoke("compare", str(sc), "--json")
-    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    assert res.exit_code == 2 and len(lines) == 1, res.stderr
-    assert f"error: dualpipev: {sc}: field 'parallel.microbatches' = 2 with {sc}: field 'parallel.pp' = 4: " \
-        "DualPipeV needs at least as many microbatches as stages" in res.stderr.replace("\n", " "), res.stderr
-    res = invoke("compare", str(sc), "--microbatches", "2", "--json")  # one typed, one from the file
-    assert res.exit_code == 2 and f"error: dualpipev: --microbatches = 2 with {sc}: field 'parallel.pp' = 4: " \
-        in res.stderr.replace("\n", " "), res.stderr
-    res = invoke("compare", str(sc), "--microbatches", "2", "--pp", "4", "--json")  # typed: as before
-    assert res.exit_code == 2 and "error: dualpipev: --microbatches = 2 with --pp 4: DualPipeV needs" in res.stderr
+    _one_error(invoke("compare", str(sc), "--json"), f"error: dualpipev: {sc}: field 'parallel.microbatches' = 2 "
+               f"with {sc}: field 'parallel.pp' = 4: DualPipeV needs at least as many microbatches as stages")
+    _one_error(invoke("compare", str(sc), "--microbatches", "2", "--json"),  # one typed, one from the file
+               f"error: dualpipev: --microbatches = 2 with {sc}: field 'parallel.pp' = 4: ")
+    _one_error(invoke("compare", str(sc), "--microbatches", "2", "--pp", "4", "--json"),  # typed: as before
+               "error: dualpipev: --microbatches = 2 with --pp 4: DualPipeV needs")
     sc.write_text("model: llama3-8b\nhardware: h100-sxm\nschedules: [zbv]\n"
                   "parallel: {pp: 4, microbatches: 4, seq_len: 1024}\n")
     res = invoke("compare", str(sc), "--json")

@@ -187,3 +187,22 @@ def test_bloom_prices_jean_zays_links_at_the_all_reduce_measured_on_its_a100_nod
     hop = Topology(hw, ParallelConfig(tp=4, pp=12, dp=8, rank_order="tp-dp-pp")).p2p(0, 1)
     assert hop.resources[0].startswith("nic")
     assert hop.transfer_s(117e6) == pytest.approx(hw.inter_node.latency_s + 117e6 / (measured_busbw / 2), rel=0.01)
+
+
+def test_the_eager_all_to_all_qwen3_step_is_the_hybridep_fp8_layout_in_bf16_over_nccl():
+    """Megatron-Bridge#3868's eager run and the 26.04.01 FP8 row share Qwen3 30B-A3B at TP1 PP1
+    EP16, MBS 1, GBS 1024 (64 microbatches over DP 16); the #3868 run is BF16 with NCCL's
+    all-to-all (no flex backend), so its simulated step is the longer of the two, and the
+    published step of the eager run (41.36 s) is the longer one too."""
+    cases = ["megatron-bridge-h100-qwen3-a2a-eager", "megatron-bridge-h100-moe-fp8"]
+    suite = {c.name: c for c in load_suite().cases}
+    eager, fp8 = suite[cases[0]], suite[cases[1]].figures[0]
+    [fig] = eager.figures
+    assert eager.fp8 is None and fig.metric == "step_time_s"
+    assert "ep_kernel" not in fig.settings and fp8.settings["ep_kernel"] == "fused"
+    for key in ("tp", "pp", "dp", "ep", "microbatches"):
+        assert fig.settings[key] == fp8.settings[key], key
+    rows = {r.case: r for r in run_suite(published_runtime, cases=cases) if "30B" in r.label}
+    fp8_step = 1024 * 4096 / (16 * rows[cases[1]].predicted)
+    fp8_published_step = 1024 * 4096 / (16 * rows[cases[1]].published)
+    assert rows[cases[0]].predicted > fp8_step and rows[cases[0]].published > fp8_published_step

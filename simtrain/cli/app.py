@@ -76,6 +76,14 @@ class LazyConsole:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.console, name)
 
+    # Python looks special methods up on the type, past __getattr__: rich's Live (the progress
+    # bars) enters its console with ``with console:``, so these two are forwarded by hand.
+    def __enter__(self) -> Console:
+        return self.console.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.console.__exit__(*exc)
+
 
 out = LazyConsole()
 err = LazyConsole(stderr=True)

@@ -23,7 +23,7 @@ from .metrics import Report as _MetricsReport
 from .models import ModelSpec
 from .models import load_model as _load_model
 from .parallel import ParallelConfig
-from .checks import (MAX_OP_TIME_S, MAX_TASKS, check_applicable, check_dtype, check_schedule_names, check_structure,
+from .checks import (MAX_OP_TIME_S, MAX_TASKS, check_applicable, check_max_tasks, check_dtype, check_schedule_names, check_structure,
                      op_times_ok)
 from .cost_models import check_kernels, hfu, parse_cost_choice, recompute_modules
 from .export import check_output_path
@@ -225,8 +225,7 @@ def compare(
             model/parallel mismatch).
     """
     schedules, op_times, comm = _call_arguments(schedules, op_times, comm)
-    if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 1:
-        raise SimtrainError(f"max_tasks = {max_tasks!r}: expected a whole number >= 1 (default {MAX_TASKS:,})")
+    check_max_tasks(max_tasks)
     fp8 = options.pop("fp8", None)
     modules = recompute_modules(options.get("recompute"))  # a module list, as compare --recompute
     if modules:

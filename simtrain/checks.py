@@ -114,6 +114,17 @@ def estimate_tasks(name: str, model: ModelSpec, parallel: ParallelConfig) -> int
     return actions * per_action + stages * per_stage
 
 
+def check_max_tasks(max_tasks: object, where: str = "max_tasks") -> int:
+    """``max_tasks`` (the task ceiling of the Python API and ``PlanRequest``) as an int >= 1.
+
+    Raises:
+        SimtrainError: a bool, a non-integer or a value below 1, named as ``where``.
+    """
+    if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 1:
+        raise SimtrainError(f"{where} = {max_tasks!r}: expected a whole number >= 1 (default {MAX_TASKS:,})")
+    return max_tasks
+
+
 def _refuse_work(total: int, max_tasks: int, what: str, api: bool = False) -> None:
     """Refuse ``total`` estimated tasks above ``max_tasks``; the advice names the CLI's flags, or
     with ``api`` the Python API's arguments."""

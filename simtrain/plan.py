@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
-from .checks import MAX_TASKS, check_sequence_parallel, check_work
+from .checks import MAX_TASKS, check_max_tasks, check_sequence_parallel, check_work
 from .cost_models import CostChoice, parse_cost_choice
 from .costs import StageCosts, split_layers, stage_costs
 from .errors import SimtrainError
@@ -73,7 +73,8 @@ class PlanRequest:
             (``task_ceiling``), as ``compare --max-tasks`` refuses it.
 
     Raises:
-        SimtrainError: ``cost`` cannot run on ``model`` / ``hardware``, or sets ``recompute``.
+        SimtrainError: ``cost`` cannot run on ``model`` / ``hardware``, or sets ``recompute``;
+            ``max_tasks`` is not a whole number >= 1.
     """
 
     model: ModelSpec
@@ -91,6 +92,7 @@ class PlanRequest:
     max_tasks: int = MAX_TASKS
 
     def __post_init__(self) -> None:
+        check_max_tasks(self.max_tasks, "PlanRequest.max_tasks")
         cost = self.cost or parse_cost_choice("auto", None, None, self.hardware.attention_kernel(None),
                                               self.hardware)
         if cost.recompute is not None:

@@ -156,6 +156,14 @@ def test_request_takes_compares_default_cost_model():
         PlanRequest(dense, load_profile("h100-sxm"), gpus=8, global_batch=8, cost=CostChoice("ops", recompute="norm"))
 
 
+@pytest.mark.parametrize("bad", ["x", 0, -5, None, True, 2.5])
+def test_request_refuses_a_task_ceiling_that_is_not_a_whole_number(bad):
+    """PlanRequest.max_tasks is checked as the API's max_tasks= (it failed later with a TypeError
+    in search: review 8)."""
+    with pytest.raises(SimtrainError, match=r"PlanRequest.max_tasks = .*expected a whole number >= 1"):
+        PlanRequest(load_model("llama3-8b"), load_profile("h100-sxm"), gpus=8, global_batch=8, max_tasks=bad)
+
+
 def _tiny_yaml(tmp_path, layers=2, heads=2) -> str:
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(dict(name="tiny", num_layers=layers, hidden_size=256, ffn_hidden_size=1024,

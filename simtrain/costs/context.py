@@ -85,7 +85,7 @@ def check_context_parallel(model: ModelSpec, parallel: ParallelConfig, seq_len: 
         for heads, what in ((model.num_heads, "attention heads"), (model.kv_heads, "KV heads")):
             if heads % (parallel.tp * cp):
                 raise SimtrainError(
-                    f"{name('cp', cp)} {name('cp_kind', parallel.cp_kind)}: tp x cp = {parallel.tp * cp} must divide the model's "
+                    f"{name('cp', cp)} with {name('cp_kind', parallel.cp_kind)}: tp x cp = {parallel.tp * cp} must divide the model's "
                     f"{heads} {what} ({model.name}); use --cp-kind ring or allgather, or a smaller --cp")
 
 

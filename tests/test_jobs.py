@@ -38,6 +38,19 @@ def test_megatron_arguments_map_model_and_parallel():
     assert "--num-layers 80" in job.mapped
 
 
+def test_megatron_unfused_rope_and_bias_dropout_flags_map_to_their_fields(tmp_path):
+    """--no-rope-fusion / --no-bias-dropout-fusion set rope_fusion / bias_dropout_fusion False (they
+    were listed as ignored: review 8); without them the fields keep simtrain's defaults."""
+    base = (JOBS / "megatron_llama3_70b.txt").read_text()
+    path = tmp_path / "args.txt"
+    path.write_text(base + "\n--no-rope-fusion --no-bias-dropout-fusion\n")
+    job = read_megatron_args(path)
+    assert (job.parallel["rope_fusion"], job.parallel["bias_dropout_fusion"]) == (False, False)
+    assert not {"--no-rope-fusion", "--no-bias-dropout-fusion"} & set(job.ignored)
+    plain = read_megatron_args(JOBS / "megatron_llama3_70b.txt")
+    assert not {"rope_fusion", "bias_dropout_fusion"} & plain.parallel.keys()
+
+
 def test_megatron_without_the_model_is_an_error(tmp_path):
     path = tmp_path / "args.txt"
     path.write_text("--hidden-size 4096 --num-attention-heads 32 --vocab-size 32000\n")

@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", type=float)
     for name in ["swiglu", "group-query-attention", "disable-bias-linear", "untie-embeddings-and-output-weights",
                  "use-rotary-position-embeddings", "sequence-parallel", "use-distributed-optimizer", "bf16", "fp16",
-                 "multi-latent-attention", "qk-layernorm", "moe-router-enable-expert-bias", "recompute-activations"]:
+                 "multi-latent-attention", "qk-layernorm", "moe-router-enable-expert-bias", "recompute-activations",
+                 "no-rope-fusion", "no-bias-dropout-fusion"]:
         p.add_argument(f"--{name}", action="store_true")
     return p
 
@@ -104,7 +105,8 @@ _FIELDS = dict(tp="--tensor-model-parallel-size", pp="--pipeline-model-parallel-
                microbatches="--global-batch-size / (--micro-batch-size x data-parallel size)", seq_len="--seq-length",
                dtype="--bf16/--fp16/--fp8-format", zero_stage="--use-distributed-optimizer",
                sequence_parallel="--sequence-parallel", recompute="--recompute-granularity",
-               cp="--context-parallel-size", cp_kind="--cp-comm-type")
+               cp="--context-parallel-size", cp_kind="--cp-comm-type", rope_fusion="--no-rope-fusion",
+               bias_dropout_fusion="--no-bias-dropout-fusion")
 """simtrain's parallel field -> the Megatron-LM flag (or the rule) it comes from, for messages."""
 
 CP_KINDS = {"p2p": "ring", "a2a": "ulysses", "allgather": "allgather"}
@@ -231,6 +233,10 @@ def read_megatron_args(path: Path, given: dict | None = None) -> ImportedJob:
                     zero_stage=1 if a.use_distributed_optimizer else 0, sequence_parallel=a.sequence_parallel,
                     recompute=a.recompute_granularity or ("selective" if a.recompute_activations else "none"),
                     **_context_parallel(a, cp, where))
+    # Megatron-LM's --no-rope-fusion / --no-bias-dropout-fusion (arguments.py: apply_rope_fusion,
+    # bias_dropout_fusion) run those kernels unfused, as simtrain's fields of the same names price them
+    parallel.update({k: False for k, flag in (("rope_fusion", "no_rope_fusion"),
+                                              ("bias_dropout_fusion", "no_bias_dropout_fusion")) if getattr(a, flag)})
     parallel.update(given)
     mapped = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
               for k, v in vars(a).items() if v not in (None, False)]

@@ -303,6 +303,11 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
             why = (f"{model.name} has no experts" if model.moe is None else "it needs expert parallelism (--ep > 1)")
             _not_applicable(f"--{field.replace('_', '-')}", field in given, f"applies to MoE all-to-all only, and {why}")
     _check_settings_apply(names, parallel, given)
+    for field, off, why in (("expert_gemm", model.moe is None, "no experts, so no expert GEMMs"),
+                            ("rope_fusion", model.learned_positions, "learned positions, so no rotary"),
+                            ("bias_dropout_fusion", not model.bias, "no linear biases, so no bias add")):
+        if off and getattr(parallel, field) != getattr(defaults, field):
+            _not_applicable(f"--{field.replace('_', '-')}", field in given, f"{model.name} has {why} to price")
     for sched in [n for n, _ in bases if n in EP_PAIRED] if not moe else []:
         _warn(f"{sched}: Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm) needs expert "
               f"parallelism, and {model.name} " + ("has no experts" if model.moe is None else f"runs with {name('ep', parallel.ep)}")

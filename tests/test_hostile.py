@@ -325,6 +325,26 @@ def test_scenario_setting_that_does_not_apply_is_a_warning(tmp_path):
     assert res.exit_code == 0 and "warning: scenario field 'vp' is ignored" in res.stderr
 
 
+@pytest.mark.parametrize("model, field, value, needle", [
+    ("llama3-8b", "expert_gemm", "multi-stream", "llama3-8b has no experts"),
+    ("llama3-8b", "bias_dropout_fusion", "false", "llama3-8b has no linear biases"),
+    ("gpt3-175b", "rope_fusion", "false", "gpt3-175b has learned positions"),
+])
+def test_a_kernel_setting_the_model_has_no_kernel_for_is_a_warning(tmp_path, model, field, value, needle):
+    """expert_gemm, rope_fusion and bias_dropout_fusion on a model without experts, rotary or
+    biases change nothing: a scenario file's is named as ignored (review 8), and a model that has
+    the kernel gets no warning."""
+    sc = tmp_path / "s.yaml"
+    sc.write_text(f"model: {model}\nhardware: h100-sxm\nparallel: {{tp: 8, pp: 8, microbatches: 8, {field}: {value}}}\n"
+                  "schedules: [1f1b]\n")
+    res = invoke("compare", sc, "--json")
+    assert res.exit_code == 0 and f"warning: scenario field '{field}' is ignored: {needle}" in res.stderr
+    fitting = "mixtral-8x7b" if field == "expert_gemm" else ("gpt3-175b" if field == "bias_dropout_fusion" else "llama3-8b")
+    sc.write_text(sc.read_text().replace(f"model: {model}", f"model: {fitting}"))
+    res = invoke("compare", sc, "--json")
+    assert res.exit_code == 0 and f"scenario field '{field}'" not in res.stderr
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--model", "llama3-70b", "--tp", 16, "--pp", 8], "each TP group spans 2 nodes"),
     (["--model", "llama3-8b", "--tp", 16, "--pp", 2], "> the 8 KV heads of llama3-8b"),

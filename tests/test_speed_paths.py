@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,3 +98,15 @@ def test_the_console_script_ends_like_main_with_the_same_output_and_status():
         assert fast.stderr.endswith("atexit ran\n")
     assert fast.returncode == 2 and fast.stderr.startswith("error: ")
     assert plain.stdout == "" and _cli("run", "compare", *SMALL, "--json").stdout.startswith("[")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full (every write fails: ENOSPC)")
+def test_an_output_that_cannot_be_written_is_one_error_line_not_a_traceback():
+    """stdout on a full disk (review 8): one ``error:`` line, exit status 1, the atexit handlers run."""
+    code = ("import atexit, sys\natexit.register(lambda: print('atexit ran', file=sys.stderr))\n"
+            "from simtrain.cli import run\nsys.argv = ['simtrain', *sys.argv[1:]]\nrun()")
+    for args in (["--version"], ["compare", *SMALL, "--json"]):
+        with open("/dev/full", "w") as full:
+            res = subprocess.run([sys.executable, "-c", code, *args], stdout=full, stderr=subprocess.PIPE, text=True)
+        assert res.returncode == 1
+        assert res.stderr == "error: the output could not be written: [Errno 28] No space left on device\natexit ran\n"

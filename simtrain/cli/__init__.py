@@ -79,6 +79,9 @@ def run() -> None:
     non-daemon thread still running (a normal exit waits for it), or a flush that fails (e.g.
     a closed pipe, which a normal exit reports).
 
+    An output that cannot be written (``OSError``: a full disk, an I/O error) is one ``error:``
+    line on standard error and exit status 1, not a traceback.
+
     Raises:
         SystemExit: in those fallback cases, with the command's status.
     """
@@ -87,6 +90,12 @@ def run() -> None:
         code = 0
     except SystemExit as exc:
         code = 0 if exc.code is None else exc.code
+    except BrokenPipeError:
+        raise  # a reader that stopped early (``| head``): Python's own quiet exit
+    except OSError as exc:  # the output could not be written (a full disk: ENOSPC; an I/O error)
+        print(f"error: the output could not be written: {exc}", file=sys.stderr, flush=True)
+        atexit._run_exitfuncs()  # noqa: SLF001
+        os._exit(1)  # standard output's buffer holds what could not be written: no flush at exit
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
     if not isinstance(code, int) or isinstance(code, bool) or others:
         raise SystemExit(code)

@@ -432,6 +432,10 @@ def _raise_nothing(req: PlanRequest, res: PlanResult) -> None:
     rules = p["model_rules"] + p["schedule_rules"]
     first = res.errors.get("model_rules") or res.errors.get("schedule_rules") or res.errors.get("simulation_error", "")
     if p["task_ceiling"] and not p["static_memory"] + p["activation_memory"] + rules:
+        if req.model.num_layers > req.max_tasks:  # checks.check_work: the per-layer costs alone
+            raise SimtrainError(f"--max-tasks {req.max_tasks:,}: the model's {req.model.num_layers:,} layers are "
+                                "above it (every simulation builds each layer's costs), whatever the batch; "
+                                "raise --max-tasks")
         raise SimtrainError(f"--global-batch {req.global_batch}: every configuration that can run is estimated above "
                             f"the ceiling of {req.max_tasks:,} simulated tasks ({p['task_ceiling']:,} pruned; "
                             "the microbatches grow with the batch); lower --global-batch, or raise --max-tasks")

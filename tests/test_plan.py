@@ -245,3 +245,14 @@ def test_configurations_above_the_task_ceiling_are_pruned_not_simulated():
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "above the ceiling of 2,000,000 simulated tasks" in lines[0], res.output
+
+
+def test_a_ceiling_below_the_layers_is_named_as_such():
+    """--max-tasks below the model's layers refuses every candidate whatever the batch (each
+    simulation builds every layer's costs); the error says so instead of 'lower --global-batch'
+    (review 8)."""
+    res = invoke("plan", "--model", "llama3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--global-batch", "16",
+                 "--max-tasks", "10", "--json")
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert "the model's 32 layers are above it" in lines[0] and "--global-batch" not in lines[0]

@@ -79,12 +79,20 @@ def run() -> None:
     non-daemon thread still running (a normal exit waits for it), or a flush that fails (e.g.
     a closed pipe, which a normal exit reports).
 
+    Before the command runs, ``OPENBLAS_NUM_THREADS`` defaults to 1 (numpy's idle BLAS threads
+    cost CPU, none of it useful here; a value the user set is kept).
+
     An output that cannot be written (``OSError``: a full disk, an I/O error) is one ``error:``
     line on standard error and exit status 1, not a traceback.
 
     Raises:
         SystemExit: in those fallback cases, with the command's status.
     """
+    # numpy's OpenBLAS starts one worker thread per core at import, which spin for a while: ~0.14 s
+    # of CPU per process on this 2-core machine (`import numpy` then 0.3 s asleep: 0.21 s user
+    # CPU, 0.07 s with one thread). simtrain does no BLAS work on its simulation path; a user's own
+    # OPENBLAS_NUM_THREADS is kept, and plan's worker processes inherit it.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         main()
         code = 0

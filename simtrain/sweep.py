@@ -113,6 +113,7 @@ def run_sweep(
     comm: bool = True,
     on_point: Callable[[str], None] | None = None,
     runtime: Callable[[ParallelConfig], Callable | None] | None = None,
+    describe: Callable[[SimtrainError], str] = str,
 ) -> pd.DataFrame:
     """Simulate every schedule at every value of ``spec``.
 
@@ -125,6 +126,8 @@ def run_sweep(
         on_point: called with ``"<schedule> at <field>=<value>"`` after each point (progress).
         runtime: builds run_schedule's ``runtime`` hook for each point's parallel config (e.g.
             the per-operator cost model, :meth:`simtrain.cost_models.CostChoice.runtime`); None: none.
+        describe: the ``error`` text of a point that could not be simulated (default ``str``;
+            ``compare`` names a scenario file's settings as its fields).
 
     Returns:
         DataFrame with :data:`ROW_COLUMNS`, one row per (value, schedule) in that order; rows of
@@ -141,7 +144,7 @@ def run_sweep(
             try:
                 report = run_schedule(name, model, hardware, par, op_times=op_times, comm=comm, runtime=hook).report
             except SimtrainError as exc:
-                rows.append(dict(schedule=name, field=spec.field, value=value, error=str(exc)))
+                rows.append(dict(schedule=name, field=spec.field, value=value, error=describe(exc)))
                 continue
             finally:
                 if on_point is not None:

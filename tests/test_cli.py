@@ -268,6 +268,21 @@ def test_schedule_constraints_name_the_scenario_field_or_the_flag(tmp_path):
     assert res.exit_code == 0 and "warning: zbv: --microbatches = 4 with --pp 4: ZB-V" in res.stderr, res.stderr
 
 
+def test_sweep_error_rows_name_the_scenario_field_and_the_swept_flag(tmp_path):
+    """A sweep point a schedule refuses keeps its row's error; pp from the scenario file is named
+    as its field there, the swept microbatches as the sweep's flag (review 8: the row said --pp 4)."""
+    sc = tmp_path / "s_dpv.yaml"
+    sc.write_text("model: llama3-8b\nhardware: h100-sxm\nschedules: [dualpipev]\n"
+                  "parallel: {pp: 4, microbatches: 8, seq_len: 1024}\n")
+    res = invoke("compare", str(sc), "--sweep", "microbatches=2,8", "--json")
+    assert res.exit_code == 0, res.stderr
+    errors = [row["error"] for row in json.loads(res.stdout)["sweep"]]
+    assert errors[1] is None and errors[0].startswith(
+        f"dualpipev: --microbatches = 2 with {sc}: field 'parallel.pp' = 4: DualPipeV needs"), errors
+    res = invoke("compare", str(sc), "--pp", "4", "--sweep", "microbatches=2,8", "--json")  # typed: the flag
+    assert json.loads(res.stdout)["sweep"][0]["error"].startswith("dualpipev: --microbatches = 2 with --pp 4:")
+
+
 def test_binary_file_given_as_yaml(tmp_path):
     png = tmp_path / "p.yaml"
     png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")

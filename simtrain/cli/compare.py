@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Callable, Optional
 
 import typer
 
@@ -23,7 +23,7 @@ from ..moe import resolve_waves
 from ..parallel import ParallelConfig, flag_name
 from ..progress import progress
 from ..scenario import ScheduleRun, run_schedule
-from ..schedules import Schedule, split_name
+from ..schedules import Schedule, SettingsError, split_name
 from ..schedules.io import read_torch_csv
 from ..cost_models import CostChoice, check_kernels, hfu, parse_cost_choice, recompute_modules, stage_breakdown
 from ..sweep import SweepSpec, parse_sweep, run_sweep, sweep_from_mapping, sweep_records
@@ -155,8 +155,9 @@ def compare(
     outputs = _check_outputs(st, out_path, as_json, trace_path, csv_path, inputs, force)
     plan = _at_sweep_point(st, plan)
     swept = plan.sweep.field if plan.sweep else None  # the swept field's values are the sweep's, not the file's
-    with settings_named(lambda f, v: flag_name(f, v) if f == swept else st.name(f, v)):
-        runs, sweep_rows = _run_compare(st, plan, choice)
+    namer = lambda f, v: flag_name(f, v) if f == swept else st.name(f, v)  # noqa: E731
+    with settings_named(namer):
+        runs, sweep_rows = _run_compare(st, plan, choice, namer)
     subtitle = _subtitle(st.model, st.hardware, plan.parallel, st.op_times, st.comm) + _cost_note(choice)
     _write_outputs(outputs, st, plan, runs, sweep_rows, subtitle)
     reports = [r.report for r in runs]
@@ -282,10 +283,11 @@ def _check_outputs(st: Settings, out_path: Path | None, as_json: bool, trace_pat
     return html_path, trace_path, csv_path
 
 
-def _run_compare(st: Settings, plan: _ComparePlan,
-                 choice: CostChoice) -> tuple[list[ScheduleRun], pd.DataFrame | None]:
+def _run_compare(st: Settings, plan: _ComparePlan, choice: CostChoice,
+                 namer: Callable[[str, object], str] = flag_name) -> tuple[list[ScheduleRun], pd.DataFrame | None]:
     """Simulate every schedule (and the imported one, last) and the sweep with the cost model
-    of ``choice``; each report gains its HFU.
+    of ``choice``; each report gains its HFU. ``namer`` words a sweep point's schedule refusal
+    (:meth:`simtrain.schedules.SettingsError.named`), as the compare's own refusal is worded.
 
     Raises:
         SimtrainError: the imported order deadlocks, no sweep point could be simulated, or a result
@@ -309,7 +311,8 @@ def _run_compare(st: Settings, plan: _ComparePlan,
         sweep_rows = None
         if plan.sweep is not None:
             sweep_rows = run_sweep(plan.names, spec, hw, parallel, plan.sweep, op_times=times, comm=comm,
-                                   on_point=advance, runtime=lambda par: choice.runtime(spec, par, hw))
+                                   on_point=advance, runtime=lambda par: choice.runtime(spec, par, hw),
+                                   describe=lambda exc: exc.named(namer) if isinstance(exc, SettingsError) else str(exc))
             if sweep_rows["error"].notna().all():
                 raise SimtrainError(f"--sweep: no point could be simulated; first reason: {sweep_rows['error'].iloc[0]}")
         for r in runs:

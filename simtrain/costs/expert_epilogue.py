@@ -32,8 +32,6 @@ Neither term counts the tensors it stores for the backward (activation memory is
 
 from __future__ import annotations
 
-import dataclasses
-
 EXPERT_CLAMP = "expert_clamp"
 EXPERT_BIAS = "expert_bias"
 CLAMP_BYTES_PER_ELEMENT = (8, 10)
@@ -63,9 +61,8 @@ def epilogue_ops(ctx, rows: float, width: float, groups: int) -> list:
     ops = []
     if m.moe.activation_clamp is not None:
         f_b, i_b = (x * e * rows * width for x in CLAMP_BYTES_PER_ELEMENT)
-        ops.append(dataclasses.replace(_memory(EXPERT_CLAMP, f_b, i_b, ctx), kernels=(3.0, 3.0, 0.0)))
+        ops.append(_memory(EXPERT_CLAMP, f_b, i_b, ctx, kernels=(3.0, 3.0, 0.0)))
     if m.bias:
         f_b, i_b = (x * e * rows * m.hidden_size for x in BIAS_BYTES_PER_ELEMENT)
-        ops.append(dataclasses.replace(_memory(EXPERT_BIAS, f_b, i_b, ctx),
-                                       kernels=(2.0 * groups + 1, 4.0 * groups, 0.0)))
+        ops.append(_memory(EXPERT_BIAS, f_b, i_b, ctx, kernels=(2.0 * groups + 1, 4.0 * groups, 0.0)))
     return ops

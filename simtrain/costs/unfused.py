@@ -43,8 +43,6 @@ rate, GEMMs at the GEMM table's rate for their own shape):
 
 from __future__ import annotations
 
-import dataclasses
-
 ROTARY = "rotary"
 BIAS_ADD = "bias_add"
 ROTARY_FUSED_BYTES = (2, 2)
@@ -76,13 +74,13 @@ def rotary(ctx, elements: float) -> object:
     e = ctx.elem
     if ctx.parallel.rope_fusion:
         f, i = (b * e * elements for b in ROTARY_FUSED_BYTES)
-        return dataclasses.replace(_memory(ROTARY, f, i, ctx), kernels=KERNELS[ROTARY])
+        return _memory(ROTARY, f, i, ctx, kernels=KERNELS[ROTARY])
     m = ctx.model
     dim = m.mla.qk_rope_head_dim if m.mla else m.q_head_dim
     freqs = 2 * FREQ_BYTES_PER_ELEMENT * (ctx.tokens / ctx.parallel.microbatch_size) * dim  # two calls
     f, i = (b * e * elements for b in ROTARY_UNFUSED_BYTES)
     kf, ki = (2.0 * k for k in ROTARY_UNFUSED_KERNELS)
-    return dataclasses.replace(_memory(ROTARY, f + freqs, i, ctx), kernels=(kf, ki, 0.0))
+    return _memory(ROTARY, f + freqs, i, ctx, kernels=(kf, ki, 0.0))
 
 
 def bias_add(ctx, moe_layer: bool) -> list:
@@ -102,7 +100,7 @@ def bias_add(ctx, moe_layer: bool) -> list:
         return []
     count = 1 if moe_layer else 2
     nbytes = count * BIAS_ADD_BYTES * ctx.elem * ctx.row_tokens * ctx.model.hidden_size
-    return [dataclasses.replace(_memory(BIAS_ADD, nbytes, 0.0, ctx), kernels=(float(count), 0.0, 0.0))]
+    return [_memory(BIAS_ADD, nbytes, 0.0, ctx, kernels=(float(count), 0.0, 0.0))]
 
 
 def expert_gemm_batch(parallel, groups: int) -> tuple[int, float]:

@@ -74,6 +74,25 @@ def test_a_bad_suite_file_or_case_name_is_one_error(tmp_path):
         run_suite(path=bad, cases=["R1-megatron-175b"])
 
 
+def test_an_excluded_figure_is_printed_but_kept_out_of_the_median_and_max(tmp_path):
+    from simtrain.published import Row
+
+    judged = [Row("a", "x", "step_time_s", 1.0, 1.1, 0.1), Row("b", "y", "step_time_s", 1.0, 0.8, -0.2)]
+    regressed = Row("c", "z", "step_time_s", 1.0, 3.0, 2.0, excluded="the publisher's regression report")
+    s = summarise(judged + [regressed])
+    assert s["max_abs_error"] == pytest.approx(0.2) and s["median_abs_error"] == pytest.approx(0.15)
+    assert s["figures"] == 2 and s["cases"] == 2 and s["excluded"] == 1
+    assert regressed.to_row()["excluded"] == "the publisher's regression report" and judged[0].to_row()["excluded"] is None
+    with pytest.raises(ValueError):
+        summarise([regressed])  # nothing left to judge
+    data = yaml.safe_load(suite_path().read_text())
+    data["cases"][0]["figures"][0]["excluded"] = ""  # a reason is required
+    bad = tmp_path / "runs.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(SimtrainError, match="excluded"):
+        load_suite(bad)
+
+
 def test_validate_published_json_and_bad_flags(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
@@ -82,7 +101,9 @@ def test_validate_published_json_and_bad_flags(tmp_path, monkeypatch):
     rows = json.loads(res.stdout)
     assert len(rows) >= 10
     for r in rows:
-        assert set(r) == {"case", "label", "metric", "published", "predicted", "error", "kind"}  # README's keys
+        assert set(r) == {"case", "label", "metric", "published", "predicted", "error", "excluded", "kind"}  # README's keys
+    excluded = [r for r in rows if r["excluded"] is not None]
+    assert excluded and all("Megatron-Bridge#1998" in r["excluded"] for r in excluded)
     kinds = {r["case"]: r["kind"] for r in rows}
     assert kinds["R5-nccl-allreduce-8gpu"] == kinds["R4-deepep-h800"] == "collective"
     assert kinds["R1-megatron-175b"] == "training" and set(kinds.values()) == {"training", "collective"}

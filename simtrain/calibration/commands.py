@@ -314,5 +314,9 @@ def _validate_published(cost_model: str, as_json: bool) -> None:
              ("collectives", [r for r in rows if r.kind == "collective"])]
     for what, subset in [p for p in parts if p[1] and len(p[1]) < len(rows)] + [("all", rows)]:
         s = summarise(subset)
+        left_out = f" ({s['excluded']} excluded)" if s["excluded"] else ""
         out.print(f"{what}: median |error| = {s['median_abs_error']:.1%}, max |error| = {s['max_abs_error']:.1%} "
-                  f"over {s['figures']} figures from {s['cases']} cases")
+                  f"over {s['figures']} figures from {s['cases']} cases{left_out}")
+    for r in rows:
+        if r.excluded:
+            out.print(f"excluded from the statistics: {r.case}, {r.label} ({r.error:+.1%}): {r.excluded}")

@@ -242,3 +242,33 @@ def test_fused_attention_never_beats_the_compute_dtypes_peak_and_mfu_stays_below
     p = ParallelConfig(tp=8, microbatches=4, dtype=dtype)
     run = run_schedule("1f1b", m, h, p, runtime=ops_runtime(m, p, h))
     assert 0 < run.report.mfu < 1
+
+
+def test_b200_prices_flash_attention_at_its_measured_fused_rate_and_a_kind_without_one_is_warned():
+    """B200 has FA4's measured forward rates (flash-attention PR #2605): flash attention is one
+    fused operator there, faster than the unfused products, and no warning is given. MI300X's kind
+    has no measured fused-attention rate: it is priced unfused, and the run says so."""
+    import warnings
+
+    from simtrain.schedules.ir import ScheduleWarning
+
+    m, h = load_model("llama3-8b"), load_profile("b200")
+    rates = rates_for(h)
+    assert rates.attention_flops_per_s(4096) == pytest.approx(1431 * TFLOPS)
+    assert rates.attention_flops_per_s(1024) < rates.attention_flops_per_s(4096) <= h.peak_flops["bf16"]
+    p = ParallelConfig(pp=2, microbatches=4, seq_len=4096)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScheduleWarning)
+        flash = run_schedule("1f1b", m, h, p, runtime=ops_runtime(m, p, h, "flash"))
+    unfused = run_schedule("1f1b", m, h, p, runtime=ops_runtime(m, p, h, "unfused"))
+    assert flash.report.step_time_s < unfused.report.step_time_s
+    _, _, _, ctx = _ctx(hw="b200", seq_len=4096, pp=2, tp=1)
+    c = flash.costs.chunks[0]
+    names = {o.name for o in chunk_breakdown(ctx, c.layers, c.has_embedding, c.has_head, c.params)}
+    assert "attention" in names and "softmax" not in names  # one fused operator, no materialised scores
+    mi = load_profile("mi300x")
+    with pytest.warns(ScheduleWarning, match="no measured fused-attention rate"):
+        ops_runtime(m, p, mi, "flash")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScheduleWarning)
+        ops_runtime(m, p, mi, "unfused")  # asked for explicitly: nothing to warn about

@@ -104,10 +104,14 @@ def _root(version: Annotated[bool, typer.Option(
 
 
 def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
-    """Print schedule and config warnings as ``warning: ...`` lines on stderr; pass others on."""
+    """Print schedule and config warnings as ``warning: ...`` lines on stderr, each text once (a
+    check run once per simulated schedule says the same thing each time); pass others on."""
+    said: set[str] = set()
     for w in caught:
         if issubclass(w.category, (ScheduleWarning, ConfigWarning)):
-            err.print(f"warning: {w.message}", markup=False, highlight=False, soft_wrap=True)
+            if str(w.message) not in said:
+                said.add(str(w.message))
+                err.print(f"warning: {w.message}", markup=False, highlight=False, soft_wrap=True)
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 

@@ -37,12 +37,14 @@ The model enters :func:`simtrain.scenario.run_schedule` as its ``runtime`` hook
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 from ..errors import SimtrainError
 from ..hardware import HardwareProfile
 from ..models import ModelSpec
 from ..moe import check_expert_parallel
 from ..parallel import ParallelConfig
+from ..schedules.ir import ScheduleWarning
 from .context import cp_declaration
 from .eager import eager_factors  # noqa: F401 (re-exported)
 from .fp8 import fp8_cast
@@ -370,6 +372,10 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
         raise SimtrainError(f"--recompute = {EVERY_SECOND_MM!r}: defined for blocks with separate Q, K and V "
                             f"projections; {model.name} uses MLA (name the modules instead)")
     rates = rates_for(hardware)
+    if attention == "flash" and not rates.attention:
+        warnings.warn(f"{hardware.name} ({rates.kind}): no measured fused-attention rate in op_data.yaml, so "
+                      f"attention is priced as unfused (materialised scores), slower than a fused kernel; "
+                      f"--attention unfused says so explicitly", ScheduleWarning, stacklevel=2)
     if fp8 and "fp8" not in rates.gemm:
         raise SimtrainError(f"--fp8 gemms: {hardware.name} ({rates.kind}) has no FP8 GEMM table; "
                             f"it has {sorted(rates.gemm)}")

@@ -19,16 +19,18 @@ operator, FP8 GEMMs, attention kernel); :func:`stage_breakdown` lists one stage'
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 
 from .costs import ops as costs_ops
 from .costs import StageCosts
 from .costs.kernels import has_kernel_tables
 from .errors import SimtrainError
-from .hardware import HardwareProfile
+from .hardware import PROFILE_DIR, HardwareProfile
 from .models import ModelSpec
 from .parallel import ParallelConfig
 from .scenario import ScheduleRun
+from .schedules.ir import ScheduleWarning
 
 COST_MODELS = ("auto", "flat", "ops")
 RECOMPUTE_LEVELS = ("none", "selective", "full")
@@ -107,6 +109,13 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
     if fp8 is not None and fp8 != "gemms":
         raise SimtrainError(f"--fp8 = {fp8!r}: the only choice is gemms (FP8 GEMMs, attention in the compute dtype)")
     chosen = cost_model if cost_model != "auto" else ("ops" if has_kernel_tables(hardware) else "flat")
+    user_file = hardware.path is not None and hardware.path.resolve().parent != PROFILE_DIR.resolve()
+    if cost_model == "auto" and chosen == "flat" and user_file and hardware.calibration is None and not hardware.linear_rates:
+        warnings.warn(f"{hardware.name}: the flat cost model (every GEMM at efficiency.matmul = "
+                      f"{hardware.matmul_efficiency}, memory-bound kernels free): its compute figures (peak_tflops, "
+                      f"efficiency.matmul) are no shipped profile's, so the per-operator kernel tables do not "
+                      f"apply; calibrate it (simtrain calibrate) or pass --cost-model ops to price it by operator",
+                      ScheduleWarning, stacklevel=2)
     for flag, given in (("--recompute MODULE,...", modules), ("--fp8", fp8)):
         if given is not None and chosen == "flat":
             why = "--cost-model flat was chosen" if cost_model == "flat" else f"{hardware.name} has no kernel tables (a calibrated profile, or an edited copy of a shipped one, keeps its own numbers)"

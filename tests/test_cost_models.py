@@ -184,6 +184,18 @@ def test_an_edited_copy_of_a_shipped_profile_keeps_its_own_compute_figures(tmp_p
     assert "matmul: 0.75" in text
     assert has_kernel_tables(load_profile(tmp_path / "same.yaml"))
     assert not has_kernel_tables(load_profile(tmp_path / "edited.yaml"))
+    renamed = text.replace("name: h100-sxm", "name: my-h100").replace("nics_per_node: 8", "nics_per_node: 3")
+    (tmp_path / "renamed.yaml").write_text(renamed)  # review 9: a renamed copy fell to the flat model silently
+    assert has_kernel_tables(load_profile(tmp_path / "renamed.yaml"))
+    (tmp_path / "renamed-edited.yaml").write_text(renamed.replace("matmul: 0.75", "matmul: 0.3"))
+    assert not has_kernel_tables(load_profile(tmp_path / "renamed-edited.yaml"))
+    args = ["compare", "--model", "llama3-8b", "--tp", "2", "--pp", "2", "--microbatches", "4", "--schedules", "1f1b",
+            "--json", "--hardware"]
+    same, moved = invoke(*args, "h100-sxm"), invoke(*args, str(tmp_path / "renamed.yaml"))
+    assert json.loads(same.stdout)[0]["step_time_s"] == json.loads(moved.stdout)[0]["step_time_s"]
+    flat = invoke(*args, str(tmp_path / "renamed-edited.yaml"))
+    assert flat.exit_code == 0 and "warning: my-h100: the flat cost model" in flat.stderr
+    assert "warning" not in same.stderr
     shipped = load_profile("h100-sxm")  # a published case's network edits keep the tables
     assert has_kernel_tables(dataclasses.replace(shipped, hbm_bandwidth_bytes_per_s=1e12))
     assert not has_kernel_tables(dataclasses.replace(shipped, peak_flops={**shipped.peak_flops, "bf16": 1.0}))

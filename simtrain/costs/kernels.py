@@ -181,17 +181,34 @@ def kernel_rates(kind: str, path: Path = OP_DATA) -> KernelRates:
 
 
 def rates_for(hardware: HardwareProfile) -> KernelRates:
-    """The kernel rates of ``hardware``'s GPU kind.
+    """The kernel rates of ``hardware``'s GPU kind (:func:`gpu_kind_of`).
 
     Raises:
-        SimtrainError: the profile's GPU kind has no tables (its name is not in ``profiles:``).
+        SimtrainError: the profile's GPU kind has no tables (neither its name is in ``profiles:``
+            nor its compute figures are a listed profile's).
     """
-    data = _op_data(OP_DATA)
-    kind = data["profiles"].get(hardware.name)
+    kind = gpu_kind_of(hardware)
     if kind is None:
         raise SimtrainError(f"hardware {hardware.name!r}: the per-operator cost model has kernel tables for "
-                            f"{sorted(data['profiles'])} only")
+                            f"{sorted(_op_data(OP_DATA)['profiles'])} and for copies of them with the same compute "
+                            f"figures (peak_tflops, efficiency.matmul) only")
     return _within_peaks(kind, tuple(sorted(hardware.peak_flops.items())))
+
+
+def gpu_kind_of(hardware: HardwareProfile) -> str | None:
+    """The GPU kind of ``op_data.yaml`` whose tables price ``hardware``: its name's entry in
+    ``profiles:``, else that of a listed shipped profile with the same compute figures
+    (``peak_flops``, ``matmul_efficiency``) -- a renamed copy, e.g. with other links or HBM -- ,
+    else None."""
+    profiles = _op_data(OP_DATA)["profiles"]
+    if hardware.name in profiles:
+        return profiles[hardware.name]
+    return next((profiles[name] for name in sorted(profiles) if _same_compute(hardware, _shipped(name))), None)
+
+
+def _same_compute(a: HardwareProfile, b: HardwareProfile) -> bool:
+    """Whether ``a`` and ``b`` have the same compute figures (what the kernel tables stand for)."""
+    return (a.peak_flops, a.matmul_efficiency) == (b.peak_flops, b.matmul_efficiency)
 
 
 @functools.lru_cache(maxsize=None)
@@ -212,15 +229,17 @@ def _within_peaks(kind: str, peaks: tuple[tuple[str, float], ...]) -> KernelRate
 
 
 def has_kernel_tables(hardware: HardwareProfile) -> bool:
-    """Whether ``hardware`` is a shipped, uncalibrated profile with kernel tables whose compute
-    figures (``peak_flops``, ``matmul_efficiency``) are the shipped ones (the per-operator model is
-    then the default). A calibrated profile keeps its own measurements, and so does a user's copy
-    of a shipped profile with edited compute figures, which the tables of the GPU kind its name
-    points at would otherwise override. Other edits (HBM bandwidth, links) the tables honour."""
-    if hardware.calibration is not None or hardware.name not in _op_data(OP_DATA)["profiles"]:
+    """Whether ``hardware`` is an uncalibrated profile with a shipped profile's compute figures
+    (``peak_flops``, ``matmul_efficiency``): the shipped profile itself or a copy of it, renamed or
+    with other links or HBM, which the tables honour (the per-operator model is then the default).
+    A calibrated profile keeps its own measurements, and so does a copy with edited compute
+    figures, which the tables of a GPU kind would otherwise override."""
+    if hardware.calibration is not None:
         return False
-    shipped = _shipped(hardware.name)
-    return (hardware.peak_flops, hardware.matmul_efficiency) == (shipped.peak_flops, shipped.matmul_efficiency)
+    profiles = _op_data(OP_DATA)["profiles"]
+    if hardware.name in profiles:
+        return _same_compute(hardware, _shipped(hardware.name))
+    return gpu_kind_of(hardware) is not None
 
 
 @functools.lru_cache(maxsize=None)

@@ -158,7 +158,8 @@ def compare(
     namer = lambda f, v: flag_name(f, v) if f == swept else st.name(f, v)  # noqa: E731
     with settings_named(namer):
         runs, sweep_rows = _run_compare(st, plan, choice, namer)
-    subtitle = _subtitle(st.model, st.hardware, plan.parallel, st.op_times, st.comm) + _cost_note(choice)
+    subtitle = (_subtitle(st.model, st.hardware, plan.parallel, st.op_times, st.comm)
+                + ("" if choice.recompute else f", recompute {plan.parallel.recompute}") + _cost_note(choice))
     _write_outputs(outputs, st, plan, runs, sweep_rows, subtitle)
     reports = [r.report for r in runs]
     table = None

@@ -196,14 +196,19 @@ def load_suite(path: Path | None = None) -> SuiteFile:
 
 
 def _model_of(case: CaseFile, fig: FigureFile, where: str) -> ModelSpec:
+    """The figure's model: its own preset name, else the case's model with the figure's field
+    overrides; an override dict's ``preset`` key names the preset the overrides apply to (e.g.
+    ``{preset: llama3-405b, vocab_size: 129024}``)."""
     if isinstance(fig.model, str):
         return load_model(fig.model)
-    if isinstance(case.model, str):
-        base = load_model(case.model).model_dump()
+    own = dict(fig.model) if isinstance(fig.model, dict) else {}
+    start = own.pop("preset", case.model)
+    if isinstance(start, str):
+        base = load_model(start).model_dump()
     else:
-        base = dict(case.model)
-    if isinstance(fig.model, dict):
-        base.update(fig.model)
+        base = dict(start)
+    if own:
+        base.update(own)
         for key in ("published_total_params", "published_active_params"):
             base.pop(key, None)
     return validate_model(ModelSpec, base, f"{where}: model")

@@ -227,3 +227,28 @@ def test_the_eager_all_to_all_qwen3_step_is_the_hybridep_fp8_layout_in_bf16_over
     fp8_step = 1024 * 4096 / (16 * rows[cases[1]].predicted)
     fp8_published_step = 1024 * 4096 / (16 * rows[cases[1]].published)
     assert rows[cases[0]].predicted > fp8_step and rows[cases[0]].published > fp8_published_step
+
+
+def test_the_2509_token_drop_rows_are_balanced_routing_without_ep_overlap():
+    """Megatron-Bridge 25.09 (v0.1.0rc3) ran both Qwen3 rows with apply_moe_token_drop: capacity
+    factor 1.0, padded to capacity, so every expert gets exactly ceil(T k / E) rows, the mean of a
+    balanced routing (expert_imbalance 1), and no EP overlap. The 30B-A3B row is the layout whose
+    columns the 25.11 row carries (PP2 VP24 EP8, MBS 2, GBS 512); NVIDIA's Megatron-Bridge#1998
+    calls the 25.11 dropless figure a 2x regression against it."""
+    import math
+
+    from simtrain.models import load_model
+    from simtrain.published import _model_of, _parallel_of
+
+    suite = {c.name: c for c in load_suite().cases}
+    case, dropless = suite["megatron-bridge-h100-2509-moe-fp8"], suite["megatron-bridge-h100-2511-moe-fp8"]
+    assert case.schedule == "interleaved-1f1b" and case.fp8 == "gemms"
+    for fig in case.figures:
+        model, p = _model_of(case, fig, fig.label), _parallel_of(case, fig, fig.label)
+        tokens, moe = p.microbatch_size * p.seq_len, model.moe
+        assert p.expert_imbalance == 1.0 and p.ep_kernel == "nccl" and fig.schedule is None
+        assert math.ceil(tokens * moe.top_k / moe.num_experts * 1.0) == tokens * moe.top_k / moe.num_experts
+    small = _parallel_of(case, case.figures[0], "30B")
+    assert (small.pp, small.vp, small.ep, small.microbatch_size, small.microbatches) == (2, 24, 8, 2, 32)
+    assert load_model(case.model).moe.num_experts == 128
+    assert case.figures[0].value / dropless.figures[0].value > 1.9

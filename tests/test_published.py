@@ -252,3 +252,24 @@ def test_the_2509_token_drop_rows_are_balanced_routing_without_ep_overlap():
     assert (small.pp, small.vp, small.ep, small.microbatch_size, small.microbatches) == (2, 24, 8, 2, 32)
     assert load_model(case.model).moe.num_experts == 128
     assert case.figures[0].value / dropless.figures[0].value > 1.9
+
+
+def test_the_nemo_2407_rows_follow_the_launchers_rules():
+    """NeMo 24.07 (NeMo-Framework-Launcher tag 24.07): each row runs on the GPUs its label names,
+    CUDA_DEVICE_MAX_CONNECTIONS is 1 exactly when TP > 1 or CP > 1 (stages.py
+    _cuda_device_max_connections), the vocabulary is padded to a multiple of 128 x TP, and the
+    inline models keep their own attention heads (Llama 2 7B and GPT-3 5B have no GQA; the case's
+    base model, Llama 3 8B, has 8 KV heads)."""
+    import re
+
+    from simtrain.published import _model_of, _parallel_of
+
+    [case] = [c for c in load_suite().cases if c.name == "nemo-2407-h100-fp8"]
+    assert len(case.figures) == 4 and case.fp8 == "gemms"
+    for fig in case.figures:
+        p, m = _parallel_of(case, fig, fig.label), _model_of(case, fig, fig.label)
+        assert p.tp * p.pp * p.cp * p.dp == int(re.search(r"(\d+) GPUs", fig.label).group(1)), fig.label
+        assert (p.hardware_queues == 1) == (p.tp > 1 or p.cp > 1), fig.label
+        assert m.vocab_size % (128 * p.tp) == 0, fig.label
+        if m.name in ("llama2-7b", "gpt3-5b"):
+            assert m.num_kv_heads == m.num_heads, fig.label

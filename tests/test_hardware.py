@@ -102,3 +102,20 @@ def test_v100_has_no_fused_attention_so_scores_are_stored_by_default():
         return sum(c.activation_bytes for c in stage_costs(m, p, hw, 2).chunks)
 
     assert act(v100) == act(v100, attention="unfused") > act(v100, attention="flash")
+
+
+def test_grand_teton_h100_96gb_is_h100_sxm_with_its_hbm2e():
+    """torchtitan docs/performance.md (d4c86e375): "96GB HBM2e with 2.4 TB/sec peak memory
+    bandwidth", 8 H100 per host on NVLink, "400 Gb/s per GPU" RDMA. The compute and its kernel
+    tables are H100 SXM's (the 500 W limit is not priced), the memory is its own."""
+    from simtrain.costs.kernels import rates_for
+
+    gt, sxm = load_profile("h100-sxm-96gb"), load_profile("h100-sxm")
+    assert gt.hbm_bytes == 96 * GiB and gt.hbm_bandwidth_bytes_per_s == pytest.approx(2.4e12)
+    assert gt.peak_flops == sxm.peak_flops and gt.sms == sxm.sms == 132
+    assert gt.gpus_per_node == 8 and gt.inter_node.bandwidth_bytes_per_s == 50 * GB
+    assert gt.inter_node.nics_per_node == 8 and gt.intra_node.bandwidth_bytes_per_s == 450e9
+    r_gt, r_sxm = rates_for(gt), rates_for(sxm)
+    assert r_gt.gemm_flops_per_s(8192, 8192, 4096, "bf16") == r_sxm.gemm_flops_per_s(8192, 8192, 4096, "bf16")
+    assert r_gt.gemm_flops_per_s(8192, 8192, 4096, "fp8") == r_sxm.gemm_flops_per_s(8192, 8192, 4096, "fp8")
+    assert r_gt.hbm_efficiency == r_sxm.hbm_efficiency

@@ -273,3 +273,32 @@ def test_the_nemo_2407_rows_follow_the_launchers_rules():
         assert m.vocab_size % (128 * p.tp) == 0, fig.label
         if m.name in ("llama2-7b", "gpt3-5b"):
             assert m.num_kv_heads == m.num_heads, fig.label
+def test_torchtitan_h100_figures_run_on_their_gpus_and_keep_the_tables_orderings():
+    """torchtitan docs/performance.md Tables 1, 3, 4, 5: each figure's TP x PP x DP is the GPU
+    count its label names, its global batch is the table's, and the simulated steps keep the
+    orderings the tables measured: torch.compile faster than eager, Float8 faster than BF16,
+    AsyncTP faster than TP, Interleaved 1F1B faster than 1F1B."""
+    import re
+
+    from simtrain.published import _parallel_of
+
+    names = ["torchtitan-h100-bf16", "torchtitan-h100-float8"]
+    suite = {c.name: c for c in load_suite().cases}
+    for name in names:
+        assert suite[name].hardware.profile == "h100-sxm-96gb"
+        for fig in suite[name].figures:
+            gpus = int(re.search(r"(\d+) GPUs", fig.label).group(1))
+            p = _parallel_of(suite[name], fig, fig.label)
+            assert p.tp * p.pp * p.cp * p.dp == gpus, fig.label
+    rows = {r.label: r for r in run_suite(published_runtime, cases=names)}
+    for gpus in (8, 128):
+        t = "T1" if gpus == 8 else "T3"
+        eager, compiled = rows[f"{t} 8B, {gpus} GPUs, FSDP (eager)"], rows[f"{t} 8B, {gpus} GPUs, FSDP + compile"]
+        fp8 = rows[f"{t} 8B, {gpus} GPUs, FSDP + compile + Float8"]
+        for published in (False, True):
+            value = (lambda r: r.published) if published else (lambda r: r.predicted)
+            assert value(eager) < value(compiled) < value(fp8), (gpus, published)
+    tp, async_tp = rows["T4 70B, 256 GPUs, FSDP 32 TP 8"], rows["T4 70B, 256 GPUs, FSDP 32 TP 8 + AsyncTP"]
+    one, interleaved = (rows[f"T5 405B, 512 GPUs, FSDP 8 TP 8 PP 8, {s}"] for s in ("1F1B", "Interleaved 1F1B"))
+    for a, b in ((tp, async_tp), (one, interleaved)):
+        assert a.predicted < b.predicted and a.published < b.published

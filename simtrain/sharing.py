@@ -11,7 +11,8 @@ described in the engine's module docstring; this module implements them.
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Iterable
 
 import simpy
 from simpy.events import NORMAL
@@ -98,22 +99,46 @@ class Ports:
     same order, as trying every waiting request in arrival order. A grant is the step
     ``(STEP_START, tid)`` on the clock's lane.
 
+    A class that shares no resource with any other class of the run (``classes``; e.g. one GPU's
+    NVLink port pair, used by its own all-to-alls alone) is a first-come-first-served *server*:
+    its resources are busy exactly while one of its requests runs, a release can only grant its
+    own oldest request, and no other class's grant can depend on it, so it keeps one plain queue
+    of task ids for the whole run (:attr:`servers`), outside :attr:`queues` and :attr:`wanting`:
+    the same grants in the same order, without the per-class bookkeeping.
+
     Attributes:
         busy: names of the resources held now.
         queues: class (tuple of names) -> its waiting requests ``(seq, tid)``, oldest first;
-            only classes with a waiting request (empty when nothing waits).
+            only classes with a waiting request (empty when nothing waits); servers excluded.
         wanting: resource name -> the classes in :attr:`queues` that want it.
+        servers: each server class -> the ids of its waiting requests, oldest first.
+        server_waits: how many requests wait in :attr:`servers` (with :attr:`queues` empty and
+            none, a release only frees its resources).
     """
 
-    def __init__(self, clock: Clock):
+    def __init__(self, clock: Clock, classes: Iterable[tuple[str, ...]] = ()):
+        """``classes``: every tuple of resource names the run's tasks may request (those sharing
+        no name with another are servers; a class left out is handled by the general path)."""
         self.clock = clock
         self.busy: set[str] = set()
         self.queues: dict[tuple[str, ...], deque[tuple[int, int]]] = {}
         self.wanting: dict[str, list[tuple[str, ...]]] = {}
         self.seq = 0
+        self.servers: dict[tuple[str, ...], deque[int]] = {}
+        self.server_waits = 0  # requests waiting in the servers' queues
+        classes = {names for names in classes if names}
+        sharing = Counter(name for names in classes for name in set(names))
+        for names in classes:
+            if all(sharing[name] == 1 for name in names):
+                self.servers[names] = deque()
 
     def wait(self, names: tuple[str, ...], tid: int) -> None:
         """Queue task ``tid``'s request for ``names`` (some of them are busy)."""
+        server = self.servers.get(names)
+        if server is not None:
+            server.append(tid)
+            self.server_waits += 1
+            return
         self.seq += 1
         queue = self.queues.get(names)
         if queue is not None:
@@ -133,7 +158,15 @@ class Ports:
         needs, oldest first (see the class docstring); once every freed resource is taken again
         no later candidate can be granted, so the scan stops there. When the class ``names``
         itself waits and no other waiting class wants any of them, its oldest request takes them
-        all again: what the scan would do, without freeing them first."""
+        all again: what the scan would do, without freeing them first (a server's always does)."""
+        server = self.servers.get(names)
+        if server is not None:
+            if server:
+                self.clock.fifo.append((STEP_START, server.popleft()))
+                self.server_waits -= 1
+            else:
+                self.busy.difference_update(names)
+            return
         queues, wanting = self.queues, self.wanting
         queue = queues.get(names)
         if queue is not None:

@@ -156,6 +156,11 @@ class ParallelConfig(NumbersNotBooleans):
             ``recompute`` says) or ``unfused`` (materialised scores, Megatron-LM 2021 / BLOOM:
             stored unless recomputed). The per-operator cost model also prices the kernel by it.
             None: the hardware profile's default (:meth:`simtrain.hardware.HardwareProfile.attention_kernel`).
+        attention_kernel: which fused kernel a ``flash`` attention runs, priced from its measured
+            rates by the per-operator model (``op_data.yaml``, :mod:`simtrain.costs.kernels`):
+            ``fa2``, ``fa3``, ``fa4`` (FlashAttention-2/3/4) or ``cudnn`` (cuDNN's, Transformer
+            Engine's FusedAttention); None: the GPU kind's default, what the common framework picks
+            there (``cudnn`` on H100-class sm_90 GPUs, TE and torch >= 2.11 SDPA alike; ``fa2`` on A100).
         activation_cache: dtype of the activations saved for the linear layers' backward:
             ``compute`` (the compute dtype) or ``fp8`` (E4M3 with a 1 x 128-tile scale, DeepSeek-V3
             §3.3.2 "low-precision storage": the inputs of the linear layers, in the stored
@@ -313,6 +318,7 @@ class ParallelConfig(NumbersNotBooleans):
     zero_stage: Literal[0, 1, 2, 3] = 0
     recompute: Literal["none", "selective", "full"] = "selective"
     attention: Literal["flash", "unfused"] | None = None
+    attention_kernel: Literal["fa2", "fa3", "fa4", "cudnn"] | None = None
     activation_cache: Literal["compute", "fp8"] = "compute"
     sequence_parallel: bool = True
     w_pending: Literal["gemm-io", "autograd"] = "gemm-io"

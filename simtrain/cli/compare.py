@@ -85,6 +85,9 @@ def compare(
     kernels: Annotated[Optional[str], typer.Option(
         help="memory-bound operators as fused kernels or eager PyTorch ops (fp32 casts, one kernel per op, "
              "and the activations autograd saves in an eager torchtitan block; --cost-model ops) [default: fused]")] = None,
+    attention_kernel: Annotated[Optional[str], typer.Option(
+        help="the fused attention kernel: fa2, fa3, fa4 or cudnn, priced from its measured rates (--cost-model ops) "
+             "[default: the GPU's, what its common framework picks: cudnn on H100-class, fa2 on A100]")] = None,
     breakdown: Annotated[Optional[int], typer.Option(
         help="show where this stage's F, I, W time goes per operator (--cost-model ops; JSON key 'breakdown')")] = None,
     schedules: Annotated[Optional[str], typer.Option(
@@ -129,7 +132,8 @@ def compare(
                      recompute=recompute, trainable=trainable, waves=waves,
                      dispatch_dtype=dispatch_dtype, expert_imbalance=expert_imbalance, node_limit=node_limit,
                      a2a_links=a2a_links, moe_coarsen=moe_coarsen, forward_only=True if forward_only else None,
-                     attention=attention, activation_cache=activation_cache, kernels=kernels, offload=offload,
+                     attention=attention, attention_kernel=attention_kernel, activation_cache=activation_cache, kernels=kernels,
+                     offload=offload,
                      tp_overlap=True if tp_overlap else None, tp_overlap_fraction=tp_overlap_fraction,
                      hardware_queues=hardware_queues)
     job = read_job(from_megatron, from_torchtitan, overrides)

@@ -16,9 +16,11 @@ and the fp32 softmax cross-entropy) costs, in each pass, a roofline
   ``dX[m,k] = dY[m,n] Wᵀ`` and W the weight gradient ``dW[k,n] = Xᵀ dY`` (shapes (m,k,n) and
   (k,n,m)).
 * Attention with a fused kernel (``flash``): the causal work (half the ``4 s d`` FLOPs per token
-  and head that simtrain counts) at the measured FlashAttention forward rate for the sequence
-  length (log-interpolated, clamped), the backward at ``backward_ratio`` of it (2.5x the forward's
-  work, Dao 2023 §3.1). Without one (``unfused``, Megatron-LM 2021 / BLOOM): Q·Kᵀ and P·V as batched
+  and head that simtrain counts) at the measured forward rate of the run's kernel
+  (``parallel.attention_kernel``, else the GPU kind's default: FlashAttention-2/3/4 or cuDNN's,
+  :mod:`simtrain.costs.kernels`) for the sequence length (log-interpolated, clamped), the
+  backward 2.5x the forward's work (five matrix products against two: Dao 2023 §3.1;
+  flash-attention's benchmark count) at the kernel's measured backward rate. Without one (``unfused``, Megatron-LM 2021 / BLOOM): Q·Kᵀ and P·V as batched
   GEMMs of the GEMM table, plus the materialised ``a s`` scores per token through the fused
   scale-mask-softmax and the attention dropout (bytes at HBM rate).
 * Memory-bound kernels: each reads its inputs and writes its outputs once (bytes counted per
@@ -48,7 +50,7 @@ from ..schedules.ir import ScheduleWarning
 from .context import cp_declaration
 from .eager import eager_factors  # noqa: F401 (re-exported)
 from .fp8 import fp8_cast
-from .kernels import KernelRates, rates_for
+from .kernels import BACKWARD_FLOPS_PER_FORWARD, KernelRates, rates_for
 from .launch import KERNELS, OWN_KERNELS, _kernels, _launch  # noqa: F401 (KERNELS re-exported)
 from .layers import linear_layers
 from .moe_ops import ATTENTION_FFN, check_moe, moe_chunk, moe_layer_ops
@@ -167,9 +169,11 @@ def _attention(ctx: _Ctx) -> list[OpCost]:
     dq, dv = m.q_head_dim, m.v_head_dim
     counted = ctx.tokens * heads * (2 * s * dq + 2 * s * dv)  # simtrain's F count (non-causal)
     if ctx.attention == "flash" and ctx.rates.attention:
-        rate = ctx.rates.attention_flops_per_s(ctx.query_len, ctx.parallel.dtype)
+        kernel, s_q, dtype = ctx.parallel.attention_kernel, ctx.query_len, ctx.parallel.dtype
         work = counted / 2  # causal: half the score matrix
-        secs = (work / rate, 2 * work / (rate * ctx.rates.backward_ratio), 0.0)
+        secs = (work / ctx.rates.attention_flops_per_s(s_q, dtype, kernel),
+                BACKWARD_FLOPS_PER_FORWARD * work / ctx.rates.attention_flops_per_s(s_q, dtype, kernel, backward=True),
+                0.0)
         return [OpCost("attention", (counted, 2 * counted, 0.0), (0.0, 0.0, 0.0), secs, "compute")]
     ops = []
     core = dataclasses.replace(ctx, gemm_dtype=None)  # attention stays in the compute dtype
@@ -360,7 +364,8 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
         (:func:`simtrain.costs.moe_ops.moe_chunk`), its all-to-alls kept.
 
     Raises:
-        SimtrainError: ``attention`` is not flash/unfused, an unknown recompute module,
+        SimtrainError: ``attention`` is not flash/unfused, ``parallel.attention_kernel`` set with
+            unfused attention or not measured on the GPU kind, an unknown recompute module,
             one the model lacks, a module list with ``kernels: eager``, ``every-second-mm`` with an MLA or MoE model, ``fp8`` other than gemms, or a GPU kind without kernel tables (or without an FP8 GEMM table).
     """
     if attention not in ("flash", "unfused"):
@@ -372,6 +377,11 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
         raise SimtrainError(f"--recompute = {EVERY_SECOND_MM!r}: defined for blocks with separate Q, K and V "
                             f"projections; {model.name} uses MLA (name the modules instead)")
     rates = rates_for(hardware)
+    if parallel.attention_kernel is not None:
+        if attention != "flash":
+            raise SimtrainError(f"--attention-kernel {parallel.attention_kernel}: names a fused-attention kernel, "
+                                f"and attention is {attention} (use --attention flash or leave the kernel out)")
+        rates.attention_kernel(parallel.attention_kernel)  # measured on this kind, or an error
     if attention == "flash" and not rates.attention:
         warnings.warn(f"{hardware.name} ({rates.kind}): no measured fused-attention rate in op_data.yaml, so "
                       f"attention is priced as unfused (materialised scores), slower than a fused kernel; "

@@ -125,15 +125,15 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
 
 
 def check_kernels(choice: CostChoice, parallel) -> None:
-    """Refuse ``kernels: eager`` where the flat model runs (it prices the per-operator model's
+    """Refuse ``kernels: eager`` or ``compiled-blocks`` where the flat model runs (it prices the per-operator model's
     memory-bound operators only; every entry point checks this, CLI and API alike).
 
     Raises:
         SimtrainError: one line naming the setting.
     """
-    if parallel.kernels == "eager" and choice.model != "ops":
-        raise SimtrainError("--kernels eager: prices the per-operator model's memory-bound operators, and the flat "
-                            "cost model runs here (--cost-model ops, on a profile with kernel tables)")
+    if parallel.kernels != "fused" and choice.model != "ops":
+        raise SimtrainError(f"--kernels {parallel.kernels}: prices the per-operator model's memory-bound operators, "
+                            "and the flat cost model runs here (--cost-model ops, on a profile with kernel tables)")
 
 
 def stage_breakdown(run: ScheduleRun, runtime, stage: int) -> dict:

@@ -52,3 +52,26 @@ def test_the_step_grows_by_the_copy_out_on_the_compute_stream():
     # on the critical path (PP 1, one microbatch); the engine's sharing of SMs with the overlapped
     # NCCL kernels (simtrain.lowering.nccl_sms) moves it by a few per cent, never above the row
     assert 0.9 * copy_s < steps[1] - steps[0] <= copy_s * (1 + 1e-9)
+
+
+def test_compiled_blocks_run_the_head_eager_and_the_blocks_fused():
+    """``kernels: compiled-blocks`` (torchtitan's per-block torch.compile, loss uncompiled): the head's
+    norm and cross-entropy move eager's bytes, every block operator the fused kernels' bytes."""
+    m, h, p = _setup()
+    rows = {k: _rows(m, h, p.model_copy(update=dict(kernels=k)))[0] for k in ("fused", "eager", "compiled-blocks")}
+    for name in ("head:cross_entropy", "head:norm"):
+        assert rows["compiled-blocks"][name].bytes == rows["eager"][name].bytes != rows["fused"][name].bytes
+    for name in ("norm", "rotary", "activation"):
+        assert rows["compiled-blocks"][name].bytes == rows["fused"][name].bytes != rows["eager"][name].bytes
+
+
+def test_compiled_blocks_need_the_per_operator_model(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from simtrain.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "1",
+                                   "--kernels", "compiled-blocks", "--cost-model", "flat"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+    assert res.output.startswith("error: --kernels compiled-blocks: prices the per-operator model")

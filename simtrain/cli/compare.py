@@ -83,8 +83,9 @@ def compare(
         help="dtype of the linear layers' saved inputs: compute, or fp8 (DeepSeek-V3's FP8 activation cache; "
              "activations and deferred-W buffers) [default: compute]")] = None,
     kernels: Annotated[Optional[str], typer.Option(
-        help="memory-bound operators as fused kernels or eager PyTorch ops (fp32 casts, one kernel per op, "
-             "and the activations autograd saves in an eager torchtitan block; --cost-model ops) [default: fused]")] = None,
+        help="memory-bound operators as fused kernels, eager PyTorch ops (fp32 casts, one kernel per op, "
+             "and the activations autograd saves in an eager torchtitan block) or compiled-blocks (fused blocks, "
+             "eager head norm and loss); --cost-model ops [default: fused]")] = None,
     breakdown: Annotated[Optional[int], typer.Option(
         help="show where this stage's F, I, W time goes per operator (--cost-model ops; JSON key 'breakdown')")] = None,
     schedules: Annotated[Optional[str], typer.Option(

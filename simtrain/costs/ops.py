@@ -149,11 +149,13 @@ def _gemm(name: str, m: float, k: float, n: float, ctx: _Ctx, batch: float = 1) 
 def _memory(name: str, fwd_bytes: float, bwd_bytes: float, ctx: _Ctx, w_bytes: float = 0.0,
             kernels: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> OpCost:
     """A memory-bound kernel moving ``fwd_bytes`` in F, ``bwd_bytes`` in I (and ``w_bytes`` in W);
-    run as eager ops (:func:`eager_factors`) when ``parallel.kernels`` is ``eager``. ``kernels``:
+    run as eager ops (:func:`eager_factors`) when ``parallel.kernels`` is ``eager``, or, for the
+    head's operators (``head:`` names), ``compiled-blocks`` (compiled blocks, eager loss). ``kernels``:
     its own kernels per pass, for an operator of :data:`simtrain.costs.launch.OWN_KERNELS` (the
     others get :data:`KERNELS` when the chunk is summed)."""
     bw = ctx.hbm_bytes_per_s
-    if ctx.parallel.kernels == "eager":
+    mode = ctx.parallel.kernels
+    if mode == "eager" or (mode == "compiled-blocks" and name.startswith("head:")):
         f, i = eager_factors(name, ctx.elem, ctx.model.activation)
         fwd_bytes, bwd_bytes = fwd_bytes * f, bwd_bytes * i
     b = (fwd_bytes, bwd_bytes, w_bytes)

@@ -125,16 +125,16 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
 
 
 def check_kernels(choice: CostChoice, parallel) -> None:
-    """Refuse ``kernels: eager`` and ``attention_kernel`` where the flat model runs (they choose
-    the per-operator model's memory-bound operators and attention kernel only; every entry point
-    checks this, CLI and API alike).
+    """Refuse ``kernels: eager`` or ``compiled-blocks`` and ``attention_kernel`` where the flat model runs
+    (they choose the per-operator model's memory-bound operators and attention kernel only; every entry
+    point checks this, CLI and API alike).
 
     Raises:
         SimtrainError: one line naming the setting.
     """
-    if parallel.kernels == "eager" and choice.model != "ops":
-        raise SimtrainError("--kernels eager: prices the per-operator model's memory-bound operators, and the flat "
-                            "cost model runs here (--cost-model ops, on a profile with kernel tables)")
+    if parallel.kernels != "fused" and choice.model != "ops":
+        raise SimtrainError(f"--kernels {parallel.kernels}: prices the per-operator model's memory-bound operators, "
+                            "and the flat cost model runs here (--cost-model ops, on a profile with kernel tables)")
     if parallel.attention_kernel is not None and choice.model != "ops":
         raise SimtrainError(f"--attention-kernel {parallel.attention_kernel}: prices attention from the per-operator "
                             "model's measured kernel tables, and the flat cost model runs here (--cost-model ops, on a "

@@ -227,7 +227,14 @@ class ParallelConfig(NumbersNotBooleans):
             what autograd saves in an eager torchtitan Llama block (Python RMSNorm, k and v
             repeated to all heads, SiLU's output; :mod:`simtrain.costs.saved`) instead of
             Korthikanti et al.'s fused count, under both cost models (full recompute still
-            stores only each layer's input).
+            stores only each layer's input). ``compiled-blocks``: ``torch.compile`` on each
+            transformer block alone (torchtitan's ``apply_compile`` at ``9dec370``, whose
+            ``train.py`` leaves the loss uncompiled): the blocks fused, the head's norm and fp32
+            cross-entropy as eager ops.
+        zero_impl: how ZeRO-3's gathered parameters are laid out: ``flat`` (views into the
+            all-gather's flat buffer: DeepSpeed, FSDP1's FlatParameter; nothing copied) or ``fsdp2``
+            (torch ``fully_shard``: per-parameter shards, copied out of the flat buffer on the
+            compute stream before each F and I; :func:`simtrain.costs.ops._fsdp2_copy_out`).
         dispatch_dtype: element type of the EP dispatch all-to-all (``fp8`` as in DeepSeek-V3
             §3.3.2; the combine always moves activations of the compute dtype, BF16 for bf16/fp8).
         expert_imbalance: load of the most loaded EP rank / the mean (>= 1; 1 = uniform routing).
@@ -330,7 +337,8 @@ class ParallelConfig(NumbersNotBooleans):
     grad_reduce_op: Literal["all-reduce", "reduce-scatter"] | None = None
     p2p_mode: Literal["async", "blocking"] = "async"
     launch_blocking: bool = False
-    kernels: Literal["fused", "eager"] = "fused"
+    kernels: Literal["fused", "eager", "compiled-blocks"] = "fused"
+    zero_impl: Literal["flat", "fsdp2"] = "flat"
     dispatch_dtype: Literal["bf16", "fp8"] = "bf16"
     expert_imbalance: float = Field(default=1.0, ge=1.0)
     node_limit: int | None = Field(default=None, ge=1)

@@ -83,8 +83,9 @@ def compare(
         help="dtype of the linear layers' saved inputs: compute, or fp8 (DeepSeek-V3's FP8 activation cache; "
              "activations and deferred-W buffers) [default: compute]")] = None,
     kernels: Annotated[Optional[str], typer.Option(
-        help="memory-bound operators as fused kernels or eager PyTorch ops (fp32 casts, one kernel per op, "
-             "and the activations autograd saves in an eager torchtitan block; --cost-model ops) [default: fused]")] = None,
+        help="memory-bound operators as fused kernels, eager PyTorch ops (fp32 casts, one kernel per op, "
+             "and the activations autograd saves in an eager torchtitan block) or compiled-blocks (fused blocks, "
+             "eager head norm and loss); --cost-model ops [default: fused]")] = None,
     attention_kernel: Annotated[Optional[str], typer.Option(
         help="the fused attention kernel: fa2, fa3, fa4 or cudnn, priced from its measured rates (--cost-model ops) "
              "[default: the GPU's, what its common framework picks: cudnn on H100-class, fa2 on A100]")] = None,

@@ -151,11 +151,13 @@ def _gemm(name: str, m: float, k: float, n: float, ctx: _Ctx, batch: float = 1) 
 def _memory(name: str, fwd_bytes: float, bwd_bytes: float, ctx: _Ctx, w_bytes: float = 0.0,
             kernels: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> OpCost:
     """A memory-bound kernel moving ``fwd_bytes`` in F, ``bwd_bytes`` in I (and ``w_bytes`` in W);
-    run as eager ops (:func:`eager_factors`) when ``parallel.kernels`` is ``eager``. ``kernels``:
+    run as eager ops (:func:`eager_factors`) when ``parallel.kernels`` is ``eager``, or, for the
+    head's operators (``head:`` names), ``compiled-blocks`` (compiled blocks, eager loss). ``kernels``:
     its own kernels per pass, for an operator of :data:`simtrain.costs.launch.OWN_KERNELS` (the
     others get :data:`KERNELS` when the chunk is summed)."""
     bw = ctx.hbm_bytes_per_s
-    if ctx.parallel.kernels == "eager":
+    mode = ctx.parallel.kernels
+    if mode == "eager" or (mode == "compiled-blocks" and name.startswith("head:")):
         f, i = eager_factors(name, ctx.elem, ctx.model.activation)
         fwd_bytes, bwd_bytes = fwd_bytes * f, bwd_bytes * i
     b = (fwd_bytes, bwd_bytes, w_bytes)
@@ -298,6 +300,8 @@ def chunk_breakdown(ctx: _Ctx, layers: tuple[int, ...], has_embedding: bool, has
                       (0.0, sum(o.bytes[0] for o in rerun), 0.0), (0.0, sum(o.seconds[0] for o in rerun), 0.0),
                       "compute", (0.0, sum(o.kernels[0] for o in rerun), 0.0)))
     ops.append(_grad_accum(ctx, params, len(layers)))
+    if ctx.parallel.zero_stage >= 3 and ctx.parallel.zero_impl == "fsdp2":
+        ops.append(_fsdp2_copy_out(ctx, params, len(layers) + (has_embedding or has_head)))
     ops.append(_launch(ops, ctx))
     by_kind[shape] = tuple(ops)
     return ops
@@ -315,6 +319,20 @@ def _grad_accum(ctx: _Ctx, params: float, layers: int) -> OpCost:
     wide = reduce_bytes is not None and reduce_bytes > weight_bytes
     op = _memory("grad_accum", 0.0, 0.0, ctx, w_bytes=per_param * params)
     return dataclasses.replace(op, kernels=(0.0, 0.0, tensors * (2 if wide else 1)))
+
+
+def _fsdp2_copy_out(ctx: _Ctx, params: float, units: int) -> OpCost:
+    """torch FSDP2's all-gather copy-out under ZeRO-3 (``ParallelConfig.zero_impl = "fsdp2"``):
+    ``foreach_all_gather_copy_out`` (``torch/distributed/_composable/fsdp/_fsdp_collectives.py``,
+    2024) makes the compute stream wait for the all-gather, then copies the gathered flat buffer
+    into each parameter's unsharded tensor (``torch.ops.fsdp.split_with_sizes_copy``) on that
+    stream: each of the chunk's ``params`` is read and written once in the parameter dtype before
+    every F and every I (the backward gathers again after ``reshard_after_forward``), one kernel per
+    FSDP unit (``units``: a block each, plus the root module's embedding / head). Returns the
+    memory-bound row ``fsdp_copy_out``."""
+    weight_bytes = 2 if ctx.elem == 2 else 4
+    moved = 2 * weight_bytes * params
+    return _memory("fsdp_copy_out", moved, moved, ctx, kernels=(float(units), float(units), 0.0))
 
 
 # ----------------------------------------------------------------------------- into the simulator

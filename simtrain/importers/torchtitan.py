@@ -72,7 +72,8 @@ _FIELDS = dict(tp="parallelism.tensor_parallel_degree", pp="parallelism.pipeline
                dtype="training.mixed_precision_param", zero_stage="parallelism.data_parallel_shard_degree",
                recompute="activation_checkpoint.mode", cp="parallelism.context_parallel_degree",
                cp_kind="parallelism.context_parallel_rotate_method",
-               grad_reduce_dtype="training.mixed_precision_reduce")
+               grad_reduce_dtype="training.mixed_precision_reduce",
+               zero_impl="parallelism.data_parallel_shard_degree (torchtitan's FSDP is FSDP2)")
 """simtrain's parallel field -> the torchtitan field it comes from, for messages."""
 
 _PRECISION = {"bfloat16": "bf16", "float32": "fp32"}
@@ -165,6 +166,7 @@ def read_torchtitan_toml(path: Path, given: dict | None = None) -> ImportedJob:
                     cp_kind=j.choice("parallelism", "context_parallel_rotate_method", "allgather", _ROTATE))
     if shard != 1:
         parallel["grad_reduce_dtype"] = j.choice("training", "mixed_precision_reduce", "float32", _PRECISION)
+        parallel["zero_impl"] = "fsdp2"  # torchtitan shards with fully_shard: per-parameter copy-out
         if parallel["zero_stage"] == 2:
             notes.append("FSDP2 keeps the gathered parameters between microbatches (reshard_after_forward False, "
                          "torchtitan's default with pipeline parallelism): simulated as ZeRO-2")

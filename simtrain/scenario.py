@@ -150,6 +150,25 @@ def check_static_memory(costs: StageCosts, schedule: Schedule, hardware: Hardwar
             )
 
 
+_kept_graph: list | None = None
+"""The last simulated task graph, held here (at most one) once :func:`keep_last_graph` was
+called; None: a run frees its graph as it returns."""
+
+
+def keep_last_graph(keep: bool = True) -> None:
+    """Keep the task graph of the last :func:`run_schedule` alive until the next one begins,
+    instead of freeing it as the run returns (``keep=False``: free it as it returns, the default).
+
+    For a process that ends without freeing what is left (the console script,
+    :func:`simtrain.cli.run`): its last graph is then never freed, which saves what freeing it
+    costs (~0.07 s of CPU here for a DeepSeek-V3 step of 243k tasks, ~10^6 objects with their
+    lists; measured with ``benchmarks/bench_speed.py``'s DeepSeek-V3 case). At most one graph is
+    kept, and it is freed when the next run begins, before that run builds its own, so peak
+    memory is what it was. Nothing that is computed depends on it."""
+    global _kept_graph
+    _kept_graph = [] if keep else None
+
+
 def run_schedule(
     schedule: str | Schedule,
     model: ModelSpec,
@@ -181,6 +200,8 @@ def run_schedule(
             static memory that does not fit in HBM, or a schedule that deadlocks.
     """
     with gc_paused():  # the graph's objects die before collection is back on (see gc_paused)
+        if _kept_graph is not None:
+            _kept_graph.clear()  # the last run's graph, freed before this run builds its own
         return _run_schedule(schedule, model, hardware, parallel, op_times, comm, waved_ep, runtime)
 
 
@@ -218,6 +239,8 @@ def _run_schedule(
     topology = Topology(hardware, parallel)
     graph = lower(schedule, costs, topology, comm=comm, waves=waves)
     result = simulate(graph)
+    if _kept_graph is not None:
+        _kept_graph.append(graph)  # (see keep_last_graph)
     tp = parallel.tp_cp  # GPUs sharing one stage's microbatch
 
     def flops_of(c) -> float:

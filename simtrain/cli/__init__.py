@@ -56,8 +56,9 @@ def main(ends_without_teardown: bool = False) -> None:
 
     Args:
         ends_without_teardown: the process ends after the command without freeing what is left
-            (:func:`run`): a command that simulates then keeps its last task graph instead of
-            freeing it (:func:`simtrain.scenario.keep_last_graph`).
+            (:func:`run`): ``compare`` then keeps its last task graph instead of freeing it, and
+            what its runs leave out of the collector's sight
+            (:func:`simtrain.scenario.keep_last_graph`; a bounded set of runs, unlike ``plan``).
     """
     module = COMMAND_MODULE.get(sys.argv[1]) if len(sys.argv) > 1 else None
     collecting = gc.isenabled()
@@ -68,8 +69,8 @@ def main(ends_without_teardown: bool = False) -> None:
         gc.freeze()  # ... which later collections, the one at exit included, need not scan again
         if collecting:
             gc.enable()
-    if ends_without_teardown and "simtrain.scenario" in sys.modules:  # (imported by the commands that simulate)
-        sys.modules["simtrain.scenario"].keep_last_graph()
+    if ends_without_teardown and module == "compare":
+        sys.modules["simtrain.scenario"].keep_last_graph()  # (imported by compare)
     _base.main()
 
 
@@ -79,7 +80,7 @@ def run() -> None:
 
     A normal exit frees every object left (a large step's trace and runs, the modules: ~0.1 s
     of CPU for a DeepSeek-V3 step) only for the memory to be returned to the system anyway; for
-    the same reason the last task graph a command simulates is kept, not freed (``main``'s
+    the same reason ``compare`` keeps the last task graph it simulates (``main``'s
     ``ends_without_teardown``).
     Once the command is done, this runs the ``atexit`` handlers (what a normal exit runs first:
     logging, multiprocessing, temporary folders, coverage ...), flushes standard output and

@@ -336,20 +336,27 @@ def link_utilisation(trace: Trace, num_ranks: int, step_s: float) -> dict[str, f
         return {}
     cols = trace.columns
     code, distinct = trace.codes("resources")  # resources entry -> its code (not a string: none held)
-    times: dict[str, np.ndarray] = {}  # port kind -> how often each entry (by code) holds one
+    holders: dict[str, dict[int, int]] = {}  # port kind -> {entry code: how often the entry holds one}
     for res, i in distinct.items():
         for port, _rank in held_ports(res) if isinstance(res, str) else ():
-            times.setdefault(port, np.zeros(len(code), np.int64))[i] += 1
+            per_entry = holders.setdefault(port, {})
+            per_entry[i] = per_entry.get(i, 0) + 1
+    sums: dict[tuple, float] = {}  # port kinds held by the same tasks alike (a link's out and in ports) sum alike
     busy: dict[str, float] = {}
-    for port, per_entry in times.items():
-        count = per_entry[code]
-        rows = np.repeat(np.flatnonzero(count), count[count > 0])  # table order, once per holding
-        # ((0 + end) - start + end) - start ... in table order (the order the goldens pin), as one
-        # running sum over end, -start, end, -start, ...: add.accumulate adds one by one, and
-        # a - b is a + (-b) exactly in IEEE 754
-        terms = np.empty(2 * len(rows))
-        terms[0::2], terms[1::2] = cols["end_s"][rows], -cols["start_s"][rows]
-        busy[port] = float(np.add.accumulate(terms)[-1]) if len(rows) else 0.0
+    for port, per_entry in holders.items():
+        key = tuple(per_entry.items())  # (filled in one order: the same holders give the same key)
+        if key not in sums:
+            times = np.zeros(len(code), np.int64)
+            times[list(per_entry)] = list(per_entry.values())
+            count = times[code]
+            rows = np.repeat(np.flatnonzero(count), count[count > 0])  # table order, once per holding
+            # ((0 + end) - start + end) - start ... in table order (the order the goldens pin), as one
+            # running sum over end, -start, end, -start, ...: add.accumulate adds one by one, and
+            # a - b is a + (-b) exactly in IEEE 754
+            terms = np.empty(2 * len(rows))
+            terms[0::2], terms[1::2] = cols["end_s"][rows], -cols["start_s"][rows]
+            sums[key] = float(np.add.accumulate(terms)[-1]) if len(rows) else 0.0
+        busy[port] = sums[key]
     return {k: v / (num_ranks * step_s) for k, v in sorted(busy.items())}
 
 

@@ -91,13 +91,12 @@ def memory_breakdown(result: Trace, costs: StageCosts, schedule: Schedule) -> li
         to its peak of the memory timeline plus the allocator reserve.
     """
     cols, mem = result.columns, result.memory_columns
-    staged, kind = ~np.isnan(cols["stage"]), cols["kind"]
-    is_w = kind == "W"  # (two comparisons: np.isin sorts an object column)
-    keep = ((kind == "I") | is_w) & staged
+    staged, is_w = ~np.isnan(cols["stage"]), cols.equal("kind", "W")  # (np.isin would sort an object column)
+    keep = (cols.equal("kind", "I") | is_w) & staged
     split = {name: cols[name][keep] for name in ("rank", "stage", "microbatch", "kind", "end_s")}
-    keep = (cols["category"] == "compute") & ((kind == "B") | is_w) & staged
+    keep = cols.equal("category", "compute") & (cols.equal("kind", "B") | is_w) & staged
     backward = {name: cols[name][keep] for name in ("rank", "stage", "microbatch", "kind", "end_s")}
-    optimizer = np.flatnonzero(cols["kind"] == "OPT")
+    optimizer = np.flatnonzero(cols.equal("kind", "OPT"))
     opt_rank, opt_start, opt_end = cols["rank"][optimizer], cols["start_s"][optimizer], cols["end_s"][optimizer]
     rows = []
     for rank in range(schedule.num_ranks):
@@ -127,13 +126,14 @@ def offloaded_at_peak(result: Trace) -> list[float]:
     (:mod:`simtrain.lowering.offload`; a reload starts after its copy ends); 0 without offload. A
     rank whose value is 0 while offload is on did not have its peak lowered by it."""
     cols, mem = result.columns, result.memory_columns
-    copies = cols["kind"] == "offload"
+    copies = cols.equal("kind", "offload")
+    offloads, reloads = copies & cols.equal("stream", "offload"), copies & cols.equal("stream", "reload")
     out = []
     for rank in sorted(set(int(r) for r in mem["rank"])):
         _, t = _first_peak(mem, rank)
-        mine = copies & (cols["rank"] == rank)
-        gone = mine & (cols["stream"] == "offload") & (cols["end_s"] <= t)
-        back = mine & (cols["stream"] == "reload") & (cols["start_s"] <= t)
+        mine = cols["rank"] == rank
+        gone = offloads & mine & (cols["end_s"] <= t)
+        back = reloads & mine & (cols["start_s"] <= t)
         out.append(max(0.0, float(cols["bytes"][gone].sum() - cols["bytes"][back].sum())))
     return out
 

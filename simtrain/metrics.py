@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .trace import Trace, held_ports, held_resources
+from .trace import Columns, Trace, held_ports, held_resources
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -134,16 +134,15 @@ def _changes(*keys: np.ndarray) -> np.ndarray:
     return out
 
 
-def _peak_inflight(cols: dict[str, np.ndarray], ranks: np.ndarray) -> list[int]:
+def _peak_inflight(cols: Columns, ranks: np.ndarray) -> list[int]:
     """Most (stage, microbatch) activations each of ``ranks`` holds at once (see module docstring).
 
     Per (rank, stage, microbatch, kind) of the compute tasks of pipeline actions: an F allocates at
     its first start; a B or an I frees at its last end; the F of a (stage, microbatch) without B
     or I frees at its own last end. At equal times frees come first.
     """
-    kind = cols["kind"]
-    code = np.select([kind == "F", kind == "B", kind == "I"], [0, 1, 2], -1)
-    keep = (cols["category"] == "compute") & ~np.isnan(cols["stage"]) & ~np.isnan(cols["microbatch"]) & (code >= 0)
+    code = np.select([cols.equal("kind", "F"), cols.equal("kind", "B"), cols.equal("kind", "I")], [0, 1, 2], -1)
+    keep = cols.equal("category", "compute") & ~np.isnan(cols["stage"]) & ~np.isnan(cols["microbatch"]) & (code >= 0)
     if not keep.any():
         return [0] * len(ranks)
     rank, stage, mb, code = cols["rank"][keep], cols["stage"][keep], cols["microbatch"][keep], code[keep]
@@ -210,7 +209,7 @@ class Report:
         return asdict(self)
 
 
-def _per_rank(cols: dict[str, np.ndarray], ranks: np.ndarray) -> dict[str, list[float]]:
+def _per_rank(cols: Columns, ranks: np.ndarray) -> dict[str, list[float]]:
     """Per rank (in ``ranks`` order), in seconds: compute-busy time (``busy``), communication in
     flight (``comm``) and its exposed part (``exposed``), the same for all-to-all (``a2a``,
     ``a2a_exposed``), the span of pipeline actions (``span``) and their busy time (``pipe``).
@@ -218,13 +217,13 @@ def _per_rank(cols: dict[str, np.ndarray], ranks: np.ndarray) -> dict[str, list[
     A communication task involves its rank and its peer; intervals of a rank are merged before
     they are measured (see the module docstring)."""
     rank, peer, start, end = cols["rank"], cols["peer"], cols["start_s"], cols["end_s"]
-    compute = cols["category"] == "compute"
-    comm = (cols["category"] == "comm") & (cols["kind"] != "offload")  # host copies are not GPU communication
+    compute = cols.equal("category", "compute")
+    comm = cols.equal("category", "comm") & ~cols.equal("kind", "offload")  # host copies are not GPU communication
     to_peer = comm & ~np.isnan(peer)
     to_peer[to_peer] = peer[to_peer] != rank[to_peer]  # a transfer to itself involves its rank once
     owner = np.concatenate((rank[comm], peer[to_peer].astype(np.int64)))
     c_start, c_end = np.concatenate((start[comm], start[to_peer])), np.concatenate((end[comm], end[to_peer]))
-    a2a = cols["kind"] == "a2a"
+    a2a = cols.equal("kind", "a2a")
     is_a2a = np.concatenate((a2a[comm], a2a[to_peer]))
     pipe = compute & ~np.isnan(cols["stage"])
     comp_iv = _unions(rank[compute], start[compute], end[compute], ranks)
@@ -337,20 +336,27 @@ def link_utilisation(trace: Trace, num_ranks: int, step_s: float) -> dict[str, f
         return {}
     cols = trace.columns
     code, distinct = trace.codes("resources")  # resources entry -> its code (not a string: none held)
-    times: dict[str, np.ndarray] = {}  # port kind -> how often each entry (by code) holds one
+    holders: dict[str, dict[int, int]] = {}  # port kind -> {entry code: how often the entry holds one}
     for res, i in distinct.items():
         for port, _rank in held_ports(res) if isinstance(res, str) else ():
-            times.setdefault(port, np.zeros(len(code), np.int64))[i] += 1
+            per_entry = holders.setdefault(port, {})
+            per_entry[i] = per_entry.get(i, 0) + 1
+    sums: dict[tuple, float] = {}  # port kinds held by the same tasks alike (a link's out and in ports) sum alike
     busy: dict[str, float] = {}
-    for port, per_entry in times.items():
-        count = per_entry[code]
-        rows = np.repeat(np.flatnonzero(count), count[count > 0])  # table order, once per holding
-        # ((0 + end) - start + end) - start ... in table order (the order the goldens pin), as one
-        # running sum over end, -start, end, -start, ...: add.accumulate adds one by one, and
-        # a - b is a + (-b) exactly in IEEE 754
-        terms = np.empty(2 * len(rows))
-        terms[0::2], terms[1::2] = cols["end_s"][rows], -cols["start_s"][rows]
-        busy[port] = float(np.add.accumulate(terms)[-1]) if len(rows) else 0.0
+    for port, per_entry in holders.items():
+        key = tuple(per_entry.items())  # (filled in one order: the same holders give the same key)
+        if key not in sums:
+            times = np.zeros(len(code), np.int64)
+            times[list(per_entry)] = list(per_entry.values())
+            count = times[code]
+            rows = np.repeat(np.flatnonzero(count), count[count > 0])  # table order, once per holding
+            # ((0 + end) - start + end) - start ... in table order (the order the goldens pin), as one
+            # running sum over end, -start, end, -start, ...: add.accumulate adds one by one, and
+            # a - b is a + (-b) exactly in IEEE 754
+            terms = np.empty(2 * len(rows))
+            terms[0::2], terms[1::2] = cols["end_s"][rows], -cols["start_s"][rows]
+            sums[key] = float(np.add.accumulate(terms)[-1]) if len(rows) else 0.0
+        busy[port] = sums[key]
     return {k: v / (num_ranks * step_s) for k, v in sorted(busy.items())}
 
 

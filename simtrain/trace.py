@@ -150,12 +150,13 @@ class Trace:
         return cls.from_columns(dict(zip(TRACE_COLUMNS, cols)), memory_rows, simpy_events)
 
     @cached_property
-    def columns(self) -> Mapping[str, np.ndarray]:
+    def columns(self) -> Columns:
         """The tasks table as typed numpy arrays, one per :data:`TRACE_COLUMNS` name, in row
         order: ``rank`` int64; ``stage``, ``microbatch``, ``start_s``, ``end_s``, ``bytes`` and
         ``peer`` float64 (NaN where none); the text columns object arrays. Each column is built
-        on first use (metrics read 9 of the 12; building one costs ~5 ms per 10^5 tasks)."""
-        return _Columns(self)
+        on first use (metrics read 9 of the 12; building one costs ~5 ms per 10^5 tasks), and
+        :meth:`Columns.equal` gives (and keeps) the rows where a column holds a value."""
+        return Columns(self)
 
     @cached_property
     def rows(self) -> list[tuple]:
@@ -189,13 +190,29 @@ class Trace:
         return pd.DataFrame(self.memory_rows, columns=MEMORY_COLUMNS)
 
 
-class _Columns(Mapping):
+class Columns(Mapping):
     """:attr:`Trace.columns`: a read-only mapping of :data:`TRACE_COLUMNS` names to typed column
     arrays, each built (and kept) on first access."""
 
     def __init__(self, trace: Trace) -> None:
         self._trace = trace
         self._built: dict[str, np.ndarray] = {}
+        self._equal: dict[tuple[str, object], np.ndarray] = {}
+
+    def equal(self, name: str, value: object) -> np.ndarray:
+        """The rows where column ``name`` equals ``value`` (``self[name] == value``), as a
+        read-only bool array, computed once per (name, value): the report and the memory
+        breakdown ask for the same few masks of the text columns (``category == "compute"``,
+        ``kind == "B"`` ...), each an element-by-element comparison of an object column.
+
+        Raises:
+            KeyError: ``name`` is not a :data:`TRACE_COLUMNS` name.
+        """
+        mask = self._equal.get((name, value))
+        if mask is None:
+            mask = self._equal[name, value] = np.asarray(self[name] == value, dtype=bool)
+            mask.flags.writeable = False
+        return mask
 
     def __getitem__(self, name: str) -> np.ndarray:
         col = self._built.get(name)

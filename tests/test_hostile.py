@@ -70,6 +70,17 @@ def test_node_limit_holds_without_aliases_too():
     assert parse_yaml(flat, "m.yaml", max_nodes=22) == [1] * 21
     with pytest.raises(SimtrainError, match="more than 21 values"):
         parse_yaml(flat, "m.yaml", max_nodes=21)
+    comment = "# y = 2*x (an asterisk, no alias)\nb: [*x, {c: *x}]\n"  # shared nodes counted once per use
+    assert parse_yaml("a: &x [1, 2]\n" + comment, "m.yaml", max_nodes=15)["b"] == [[1, 2], {"c": [1, 2]}]
+    with pytest.raises(SimtrainError, match="more than 14 values"):
+        parse_yaml("a: &x [1, 2]\n" + comment, "m.yaml", max_nodes=14)
+
+
+@pytest.mark.parametrize("text", ["&a [*a]", "&a {k: [1, *a]}", "a: &b\n  c: *b\n"])
+def test_a_recursive_alias_is_refused_not_expanded_forever(text):
+    """A node inside itself expands without end: one error (it hung in the expansion count)."""
+    with pytest.raises(SimtrainError, match="m.yaml: the YAML expands .* to more than 1,000,000 values"):
+        parse_yaml(text, "m.yaml")
 
 
 def test_libyaml_and_pyyaml_parsers_read_every_shipped_file_alike():

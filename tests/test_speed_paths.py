@@ -1,5 +1,6 @@
 """The fast paths of the lowering, trace, metrics and CLI give what the plain ones give: the two-sort
-interval order is lexsort's, trace columns built on demand equal the eager ones, a bulk-built
+interval order is lexsort's, trace columns built on demand equal the eager ones (and their kept
+masks the comparisons), a graph kept until the next run changes no report, a bulk-built
 transfer's shared empty memory deltas never take a delta, the lazy console answers "not a
 terminal" without making rich's console, and the console-script entry ends the process with the
 command's output, status and atexit handlers."""
@@ -64,6 +65,52 @@ def test_columns_built_on_demand_equal_the_eager_ones():
         assert np.array_equal(cols[name], eager, equal_nan=cols[name].dtype != object)
     code, distinct = trace.codes("resources")
     assert [list(distinct)[list(distinct.values()).index(c)] for c in code] == trace.table["resources"].tolist()
+
+
+def test_a_kept_column_mask_is_the_comparison_and_cannot_be_changed():
+    cols = _trace().columns
+    for name, value in (("kind", "F"), ("category", "comm"), ("kind", "OPT"), ("stream", "")):
+        mask = cols.equal(name, value)
+        assert mask.dtype == bool and mask.tolist() == (cols[name] == value).tolist()
+        assert cols.equal(name, value) is mask  # computed once
+        with pytest.raises(ValueError):
+            mask[0] = not mask[0]  # shared by every reader: read-only
+    assert cols.equal("kind", "p2p").tolist() == [False, True, False]
+    with pytest.raises(KeyError):
+        cols.equal("no such column", "F")
+
+
+def test_a_kept_graph_lives_until_the_next_run_begins(monkeypatch):
+    """keep_last_graph: the last run's graph is kept (at most one) and what the run left is
+    frozen, the one before is freed as the next run begins; the reports are those of a run that
+    frees its graph."""
+    import gc
+    import weakref
+
+    import simtrain.scenario as scenario
+    from simtrain.hardware import load_profile
+    from simtrain.models import load_model
+    from simtrain.parallel import ParallelConfig
+
+    graphs = []
+    lower = scenario.lower
+    monkeypatch.setattr(scenario, "lower", lambda *a, **k: graphs.append(weakref.ref(g := lower(*a, **k))) or g)
+    model, hw, par = load_model("llama3-8b"), load_profile("h100-sxm"), ParallelConfig(pp=2, microbatches=4)
+    gc.collect()
+    plain = scenario.run_schedule("1f1b", model, hw, par).report
+    assert graphs[-1]() is None  # freed as the run returned
+    frozen = gc.get_freeze_count()
+    try:
+        scenario.keep_last_graph()
+        first = scenario.run_schedule("1f1b", model, hw, par).report
+        assert graphs[-1]() is not None and gc.get_freeze_count() > frozen
+        second = scenario.run_schedule("gpipe", model, hw, par).report
+        assert graphs[-2]() is None and graphs[-1]() is not None  # a frozen graph is freed all the same
+    finally:
+        scenario.keep_last_graph(False)
+        gc.unfreeze()
+    assert scenario.run_schedule("gpipe", model, hw, par).report == second and first == plain
+    assert graphs[-2]() is None and graphs[-1]() is None
 
 
 def test_a_bulk_built_transfer_takes_a_delta_in_a_list_of_its_own():

@@ -50,9 +50,16 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def main() -> None:
+def main(ends_without_teardown: bool = False) -> None:
     """Console-script entry point (``simtrain``): register the command named by the first argument
-    (every command when it is an option, ``--help``, or not a command) and run the app."""
+    (every command when it is an option, ``--help``, or not a command) and run the app.
+
+    Args:
+        ends_without_teardown: the process ends after the command without freeing what is left
+            (:func:`run`): ``compare`` then keeps its last task graph instead of freeing it, and
+            what its runs leave out of the collector's sight
+            (:func:`simtrain.scenario.keep_last_graph`; a bounded set of runs, unlike ``plan``).
+    """
     module = COMMAND_MODULE.get(sys.argv[1]) if len(sys.argv) > 1 else None
     collecting = gc.isenabled()
     gc.disable()  # importing allocates ~10^5 long-lived objects (modules, classes, schemas) and little garbage
@@ -62,6 +69,8 @@ def main() -> None:
         gc.freeze()  # ... which later collections, the one at exit included, need not scan again
         if collecting:
             gc.enable()
+    if ends_without_teardown and module == "compare":
+        sys.modules["simtrain.scenario"].keep_last_graph()  # (imported by compare)
     _base.main()
 
 
@@ -70,7 +79,9 @@ def run() -> None:
     end of the process without its teardown.
 
     A normal exit frees every object left (a large step's trace and runs, the modules: ~0.1 s
-    of CPU for a DeepSeek-V3 step) only for the memory to be returned to the system anyway.
+    of CPU for a DeepSeek-V3 step) only for the memory to be returned to the system anyway; for
+    the same reason ``compare`` keeps the last task graph it simulates (``main``'s
+    ``ends_without_teardown``).
     Once the command is done, this runs the ``atexit`` handlers (what a normal exit runs first:
     logging, multiprocessing, temporary folders, coverage ...), flushes standard output and
     error, and ends the process with the command's exit status (``os._exit``). Every output
@@ -94,7 +105,7 @@ def run() -> None:
     # OPENBLAS_NUM_THREADS is kept, and plan's worker processes inherit it.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
-        main()
+        main(ends_without_teardown=True)
         code = 0
     except SystemExit as exc:
         code = 0 if exc.code is None else exc.code

@@ -152,10 +152,13 @@ class ComputeFile(_Strict):
     """
 
     linear_tflops: dict[Dtype, list[LinearPointFile]] = Field(
-        default_factory=dict, description="achieved TFLOP/s per linear-layer GEMM; the nearest shape is used"
+        default_factory=dict, description="achieved TFLOP/s per linear-layer GEMM; the nearest shape is used. "
+        "At most the dtype's peak_tflops; a larger GEMM (one dimension grown, same pass) never takes less time"
     )
     attention_tflops: dict[Dtype, list[AttentionPointFile]] = Field(
-        default_factory=dict, description="achieved attention TFLOP/s per (seq_len, head_dim)"
+        default_factory=dict, description="achieved attention TFLOP/s per (seq_len, head_dim), in the non-causal "
+        "count: at most twice the dtype's peak_tflops; at one head_dim a longer sequence never takes less time "
+        "per token"
     )
     elementwise_gb_per_s: dict[Literal["norm", "activation", "add"], Bandwidth] = Field(
         default_factory=dict, description="bandwidth of memory-bound kernels per class, in the bytes the cost "
@@ -256,12 +259,81 @@ class ProfileFile(_Strict):
                              f"be below sms = {self.sms} (no SM would be left for compute)")
         return self
 
+    @model_validator(mode="after")
+    def _rates_within_peak(self) -> ProfileFile:
+        if self.compute is not None:
+            check_rate_tables(self.peak_tflops, self.compute)
+        return self
+
     @field_validator("calibration")
     @classmethod
     def _finite_record(cls, v: dict | None) -> dict | None:
         if v is not None:
             check_record(v)
         return v
+
+
+ROUNDING = 1e-3
+"""Relative slack of the checks below: ``simtrain calibrate`` writes rates to 4 significant digits
+(:func:`simtrain.calibration.fit.sig`), which may move two equal times apart by up to 1e-3."""
+
+
+def check_rate_tables(peak_tflops: dict[str, float], compute: ComputeFile) -> None:
+    """Refuse measured kernel rates that no GPU can reach or that contradict each other.
+
+    * A linear-layer GEMM rate above its dtype's dense ``peak_tflops``.
+    * An attention rate above twice the peak: the table counts the full ``s x s`` scores (``4 s d``
+      FLOPs per token and head forward, Narayanan et al. 2021) while a causal kernel computes at
+      least half of them, so its rate in that count is at most 2 x peak.
+    * A table for a dtype without a ``peak_tflops`` entry (the run would fail on it anyway).
+    * Time that falls as the problem grows: a GEMM one of whose dimensions (tokens, fan_in,
+      fan_out) grows, the other two and the pass fixed, must not take less time (``size / rate``
+      non-decreasing along the axis); at one ``head_dim`` an attention over a longer sequence must
+      not take less time per token (``seq_len / rate`` non-decreasing, forward and backward).
+      The *rate* itself may fall as a shape grows (caches, wave quantization: torch's CPU SDPA on
+      one thread measured 52 then 32 GFLOP/s at seq_len 128 then 256), so that is not refused.
+
+    Raises:
+        ValueError: naming the first bad entry (``compute.linear_tflops.bf16.3.tflops``), its
+            value and what is allowed.
+    """
+    for table, points in (("linear_tflops", compute.linear_tflops), ("attention_tflops", compute.attention_tflops)):
+        for dtype, rows in points.items():
+            where = f"compute.{table}.{dtype}"
+            if dtype not in peak_tflops:
+                raise ValueError(f"section '{where}': no peak_tflops.{dtype} to bound its rates; add one "
+                                 f"(the profile's peaks: {sorted(peak_tflops)})")
+            ceiling = peak_tflops[dtype] * (1 if table == "linear_tflops" else 2)
+            limit = "" if table == "linear_tflops" else "twice "
+            rates = ("tflops",) if table == "linear_tflops" else ("forward_tflops", "backward_tflops")
+            for i, row in enumerate(rows):
+                for rate in rates:
+                    if getattr(row, rate) > ceiling:
+                                    raise ValueError(f"field '{where}.{i}.{rate}' = {getattr(row, rate):g}: must be at most "
+                                         f"{limit}peak_tflops.{dtype} = {ceiling:g} (no kernel beats the dense peak)")
+            axes = ("tokens", "fan_in", "fan_out") if table == "linear_tflops" else ("seq_len",)
+            for axis in axes:
+                for rate in rates:
+                    _time_grows(where, rows, axis, rate)
+
+
+def _time_grows(where: str, rows: list, axis: str, rate: str) -> None:
+    """Refuse two rows equal but in ``axis`` (and ``kind``/``head_dim``) where the larger one's
+    time, ``axis / rate``, is shorter (beyond :data:`ROUNDING`). Raises ValueError."""
+    fixed = [f for f in ("tokens", "fan_in", "fan_out", "kind", "head_dim") if f in type(rows[0]).model_fields
+             and f != axis] if rows else []
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(tuple(getattr(row, f) for f in fixed), []).append((getattr(row, axis), i))
+    for members in groups.values():
+        members.sort()
+        for (small, i), (large, j) in zip(members, members[1:]):
+            slow, fast = getattr(rows[i], rate), getattr(rows[j], rate)
+            if large > small and large / fast < small / slow * (1 - ROUNDING):
+                same = ", ".join(f"{f} {getattr(rows[j], f)}" for f in fixed)
+                raise ValueError(
+                    f"field '{where}.{j}.{rate}' = {fast:g}: must be at most {slow * large / small:.4g}, or {axis} "
+                    f"{large} takes less time than {axis} {small} at entry {i} ({slow:g}; same {same})")
 
 
 def check_record(record: dict, where: str = "calibration") -> None:

@@ -5,6 +5,7 @@ Formulas and sources: :mod:`simtrain.costs`."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -14,6 +15,7 @@ from ..models import ModelSpec
 from ..moe import check_expert_parallel, chunk_cost, gpu_layer_params, imbalance_extra_s
 from ..network import Collective
 from ..parallel import ParallelConfig, flag_name
+from ..schedules.ir import ScheduleWarning
 from .context import check_context_parallel, cp_declaration
 from .pipelining import StageBuffers, stage_buffers
 from .saved import applies as saved_applies, eager_head_bytes
@@ -328,6 +330,19 @@ def check_settings(model: ModelSpec, parallel: ParallelConfig, hardware: Hardwar
     check_trainable(model, parallel, name)
 
 
+def _warn_unrated(hardware: HardwareProfile, dtype: str) -> None:
+    """Warn (:class:`ScheduleWarning`) when the profile has measured linear or attention rates, but
+    none in ``dtype``: they are ignored, and this run's kernels take peak x ``efficiency.matmul``."""
+    tables = (("compute.linear_tflops", {d for (d, _), rows in hardware.linear_rates.items() if rows}),
+              ("compute.attention_tflops", {d for d, rows in hardware.attention_rates.items() if rows}))
+    for field_name, dtypes in tables:
+        if dtypes and dtype not in dtypes:
+            where = hardware.path or hardware.name
+            warnings.warn(f"{where}: {field_name} has rates for {', '.join(sorted(dtypes))} only, none for this "
+                          f"{dtype} run: they are ignored, and its kernels run at peak_tflops.{dtype} x "
+                          "efficiency.matmul", ScheduleWarning, stacklevel=3)
+
+
 def stage_costs(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -357,6 +372,7 @@ def stage_costs(
     tokens = parallel.microbatch_size * s // parallel.cp  # this GPU's share of the microbatch
     elem, dtype = parallel.dtype_bytes, parallel.dtype
     hardware.achieved_flops(dtype)  # an unknown dtype is an error even with calibrated tables
+    _warn_unrated(hardware, dtype)
     weight_bytes = 2 if elem == 2 else 4  # 16-bit weights and gradients in mixed precision
     # per layer: 2 all-gathers + 2 reduce-scatters (as fast as each other) or 2 all-reduces
     tp_op, tp_per_layer = ("reduce-scatter", 4) if parallel.sequence_parallel else ("all-reduce", 2)

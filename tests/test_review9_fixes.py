@@ -1,0 +1,78 @@
+"""Findings of review 9 (fresh eyes on main): each bad input ends in one ``error:`` line naming the
+file or flag, the field, the value and what is allowed (exit 2), or a ``warning:`` where the run is
+right but something given is not used."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from simtrain.hardware import PROFILE_DIR
+
+from test_hostile import _in_tmp, invoke, one_error  # noqa: F401 (the autouse fixture: each test in tmp_path)
+
+RUN = ["--model", "llama3-8b", "--tp", "8", "--schedules", "1f1b", "--no-comm", "--cost-model", "flat"]
+
+
+# ----------------------------------------------------------------------------- 1: measured rate tables
+def _profile(tmp_path, **compute) -> str:
+    data = yaml.safe_load((PROFILE_DIR / "h100-sxm.yaml").read_text())
+    data["compute"] = compute
+    path = tmp_path / "fast.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _linear(rates: dict[int, float], dtype: str = "bf16") -> dict:
+    return {dtype: [dict(tokens=t, fan_in=4096, fan_out=4096, kind=k, tflops=r) for t, r in rates.items() for k in "FIW"]}
+
+
+def _attention(rates: dict[int, float]) -> dict:
+    return {"bf16": [dict(seq_len=s, head_dim=128, forward_tflops=r, backward_tflops=r) for s, r in rates.items()]}
+
+
+@pytest.mark.parametrize("compute, needles", [
+    (dict(linear_tflops=_linear({1024: 5000.0, 8192: 5000.0})),
+     ["compute.linear_tflops.bf16.0.tflops' = 5000", "at most peak_tflops.bf16 = 989.4"]),
+    (dict(linear_tflops=_linear({1024: 5000.0, 8192: 1.0})), ["bf16.0.tflops' = 5000", "peak_tflops.bf16"]),
+    (dict(attention_tflops=_attention({8192: 2000.0})),  # the non-causal count: up to 2 x 989.4
+     ["compute.attention_tflops.bf16.0.forward_tflops' = 2000", "at most twice peak_tflops.bf16 = 1978.8"]),
+    # 8x the tokens in under 8x the time of the smaller GEMM
+    (dict(linear_tflops=_linear({1024: 100.0, 8192: 900.0})),
+     ["compute.linear_tflops.bf16.3.tflops' = 900", "at most 800", "tokens 8192 takes less time than tokens 1024"]),
+    (dict(attention_tflops=_attention({2048: 100.0, 8192: 500.0})),
+     ["attention_tflops.bf16.1.forward_tflops' = 500", "at most 400", "same head_dim 128"]),
+    (dict(linear_tflops=_linear({1024: 100.0}, "fp4")), ["compute.linear_tflops.fp4", "Input should be"]),
+])
+def test_rate_tables_are_bounded_by_peak_and_by_time(tmp_path, compute, needles):
+    one_error(invoke("compare", *RUN, "--hardware", _profile(tmp_path, **compute), "--json"), "fast.yaml", *needles)
+
+
+def test_a_rate_table_needs_its_dtypes_peak(tmp_path):
+    path = _profile(tmp_path, linear_tflops=_linear({1024: 100.0}, "tf32"))
+    data = yaml.safe_load(open(path))
+    del data["peak_tflops"]["tf32"]
+    open(path, "w").write(yaml.safe_dump(data))
+    one_error(invoke("compare", *RUN, "--hardware", path, "--json"), "fast.yaml",
+              "section 'compute.linear_tflops.tf32'", "no peak_tflops.tf32")
+
+
+def test_rate_tables_within_bounds_are_used(tmp_path):
+    """A falling rate (a larger shape slower per FLOP) is physical and accepted, as are rates at the
+    bounds; the table then prices the run (slower than the flat 0.75 x peak)."""
+    path = _profile(tmp_path, linear_tflops=_linear({1024: 989.4, 8192: 300.0}),
+                    attention_tflops=_attention({2048: 1978.8, 8192: 1000.0}))
+    flat = invoke("compare", *RUN, "--hardware", "h100-sxm", "--json")
+    res = invoke("compare", *RUN, "--hardware", path, "--json")
+    assert res.exit_code == 0 and flat.exit_code == 0, res.output
+    assert yaml.safe_load(res.stdout)[0]["step_time_s"] > yaml.safe_load(flat.stdout)[0]["step_time_s"]
+
+
+def test_a_table_without_the_runs_dtype_warns(tmp_path):
+    path = _profile(tmp_path, linear_tflops=_linear({1024: 1500.0}, "fp8"))
+    res = invoke("compare", *RUN, "--hardware", path, "--json")
+    assert res.exit_code == 0, res.output
+    warned = [line for line in res.stderr.splitlines() if line.startswith("warning:")]
+    assert any("compute.linear_tflops has rates for fp8 only, none for this bf16 run" in w for w in warned), res.stderr
+    again = invoke("compare", *RUN, "--hardware", path, "--dtype", "fp8", "--json")
+    assert again.exit_code == 0 and "compute.linear_tflops" not in again.stderr, again.stderr

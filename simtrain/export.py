@@ -93,10 +93,17 @@ def chrome_trace(
 
 
 def trace_table(traces: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """All traces in one table: a ``schedule`` column, then the engine's columns (SI units)."""
+    """All traces in one table: a ``schedule`` column, then the engine's columns (SI units) with a
+    ``lane`` column after ``stream``: the trace-viewer thread and timeline row of the task
+    (:func:`simtrain.trace.lane_of`; ``p2p`` for the point-to-point transfers, which have no
+    in-order ``stream``: each waits only for its producer and its link ports)."""
     import pandas as pd
 
-    frames = [t.assign(schedule=name)[["schedule", *t.columns]] for name, t in traces.items()]
+    def columns(t: pd.DataFrame) -> list[str]:
+        names = list(t.columns)
+        return ["schedule", *names[:names.index("stream") + 1], "lane", *names[names.index("stream") + 1:]]
+
+    frames = [t.assign(schedule=name, lane=lanes(t))[columns(t)] for name, t in traces.items()]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["schedule"])
 
 

@@ -47,18 +47,19 @@ def test_a_hand_built_schedule_lowers_to_the_exact_graph():
     graph = _graph()
     assert graph.static_memory_bytes == [160.0, 160.0]
     nv0, nv1 = ("nvlink:0:out", "nvlink:0:in"), ("nvlink:1:out", "nvlink:1:in")
-    # (name, rank, stream, duration_s, deps, nbytes, resources, mem_start, mem_end), in creation order
+    # (name, rank, stream, duration_s, deps, nbytes, resources, mem_start, mem_end), in creation order;
+    # a TP task carries its all-reduce's buffer bytes (4 forward, 8 backward)
     expected = [
         ("0F0", 0, "compute", 1.0, [], 0.0, (), [(0, 100.0)], []),  # 0
-        ("tp 0F0", 0, "tp", 4.0 + NCCL_LAT_S, [0], 0.0, nv0, [], []),  # 1
+        ("tp 0F0", 0, "tp", 4.0 + NCCL_LAT_S, [0], 4.0, nv0, [], []),  # 1
         ("0B0", 0, "compute", 1.25, [1, 1, 10], 0.0, (), [], []),  # 2: B cut into 2 DP buckets
         ("0B0", 0, "compute", 1.25, [2], 0.0, (), [], [(0, -100.0)]),  # 3
-        ("tp 0B0", 0, "tp", 8.0 + NCCL_LAT_S, [3], 0.0, nv0, [], []),  # 4
+        ("tp 0B0", 0, "tp", 8.0 + NCCL_LAT_S, [3], 8.0, nv0, [], []),  # 4
         ("1F0", 1, "compute", 1.0, [11], 0.0, (), [(1, 100.0)], []),  # 5
-        ("tp 1F0", 1, "tp", 4.0 + NCCL_LAT_S, [5], 0.0, nv1, [], []),  # 6
+        ("tp 1F0", 1, "tp", 4.0 + NCCL_LAT_S, [5], 4.0, nv1, [], []),  # 6
         ("1B0", 1, "compute", 1.25, [6, 6], 0.0, (), [], []),  # 7
         ("1B0", 1, "compute", 1.25, [7], 0.0, (), [], [(1, -100.0)]),  # 8
-        ("tp 1B0", 1, "tp", 8.0 + NCCL_LAT_S, [8], 0.0, nv1, [], []),  # 9
+        ("tp 1B0", 1, "tp", 8.0 + NCCL_LAT_S, [8], 8.0, nv1, [], []),  # 9
         ("p2p 1B0 -> 0B0", 1, None, 1.0, [9], 1000.0, ("nvlink:1:out", "nvlink:0:in"), [], []),  # 10
         ("p2p 0F0 -> 1F0", 0, None, 1.0, [1], 1000.0, ("nvlink:0:out", "nvlink:1:in"), [], []),  # 11
         # gradient buckets: 10 params x 2 bytes / 2 buckets = 10 bytes, all-reduced over 2 replicas

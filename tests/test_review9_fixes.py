@@ -76,3 +76,25 @@ def test_a_table_without_the_runs_dtype_warns(tmp_path):
     assert any("compute.linear_tflops has rates for fp8 only, none for this bf16 run" in w for w in warned), res.stderr
     again = invoke("compare", *RUN, "--hardware", path, "--dtype", "fp8", "--json")
     assert again.exit_code == 0 and "compute.linear_tflops" not in again.stderr, again.stderr
+
+
+# ----------------------------------------------------------------------------- 2: bytes of TP collectives
+def test_tp_collectives_carry_their_bytes_in_the_csv_and_the_trace(tmp_path):
+    import json
+
+    import pandas as pd
+
+    res = invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--tp", "2", "--pp", "2", "--dp", "2",
+                 "--microbatches", "4", "--schedules", "1f1b", "--csv", tmp_path / "t.csv", "--trace",
+                 tmp_path / "t.json", "--out", tmp_path / "t.html")
+    assert res.exit_code == 0, res.output
+    table = pd.read_csv(tmp_path / "t.csv", keep_default_na=False)
+    tp = table[table["kind"] == "tp"]
+    # sequence parallel: 2 all-gathers + 2 reduce-scatters per layer, each of the full
+    # microbatch's hidden states (1 x 8192 tokens x 4096 x 2 bytes), 16 layers per stage
+    assert len(tp) and (tp["bytes"] == 4 * 16 * 8192 * 4096 * 2).all(), tp["bytes"].unique()
+    p2p = table[table["kind"] == "p2p"]
+    assert len(p2p) and (p2p["stream"] == "").all() and (p2p["lane"] == "p2p").all()
+    assert (table.loc[table["kind"] == "dp", "lane"] == "dp").all()
+    events = [e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e.get("cat") == "tp"]
+    assert events and all(e["args"]["bytes"] == 4 * 16 * 8192 * 4096 * 2 for e in events)

@@ -107,11 +107,13 @@ def tp_item(low: Lowering, a: Action, rank: int, share: int = 1, suffix: str = "
             declared = c.tp_forward if a.kind == "F" else c.tp_backward
         else:
             declared = c.cp_forward if a.kind == "F" else c.cp_backward
-        low.tp_cache[key] = (seconds, low.topology.route(declared[0], rank).resources if seconds > 0 else ())
-    seconds, resources = low.tp_cache[key]
+        low.tp_cache[key] = (seconds, low.topology.route(declared[0], rank).resources if seconds > 0 else (),
+                             sum(x.nbytes * x.repeat for x in declared))
+    seconds, resources, nbytes = low.tp_cache[key]
     if seconds <= 0:
         return []
-    return [TPComm(seconds / share if share > 1 else seconds, f"{stream} {a}{suffix}", resources, stream)]
+    return [TPComm(seconds / share if share > 1 else seconds, f"{stream} {a}{suffix}", resources, stream,
+                   nbytes / share if share > 1 else nbytes)]
 
 
 def in_stage_items(low: Lowering, a: Action, rank: int, share: int = 1, suffix: str = "") -> list[Item]:
@@ -139,7 +141,7 @@ def pair_chains(low: Lowering, pair: OverlapAction, rank: int) -> list[Chain]:
         seconds, name = compute_s(c, a.kind) * factor, str(a)
         shares = in_stage_items(low, a, rank, n)  # each layer's share of the collectives, priced once
         steps = [[Compute(seconds / n, f"{name} ({i + 1}/{n})"),
-                  *(TPComm(x.seconds, f"{x.label} ({i + 1}/{n})", x.resources, x.stream) for x in shares)]
+                  *(TPComm(x.seconds, f"{x.label} ({i + 1}/{n})", x.resources, x.stream, x.nbytes) for x in shares)]
                  for i in range(n)]
         chains.append(Chain(a, c, steps))
     return chains
@@ -224,7 +226,7 @@ def _emit_item(low: Lowering, rank: int, ch: Chain, item: Item, pending: list[in
         return [task.tid]
     if isinstance(item, TPComm):
         task = Task(len(tasks), item.label, rank, "comm", item.stream, item.seconds, list(pending), item.stream,
-                    item.resources, a.stage, a.microbatch)
+                    item.resources, a.stage, a.microbatch, item.nbytes)
         tasks.append(task)
         ch.tasks.append(task)
         return [task.tid]

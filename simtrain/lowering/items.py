@@ -31,12 +31,14 @@ class Compute:
 class TPComm:
     """In-stage collectives: ``seconds`` on ``stream`` (``tp``, or ``cp`` for context
     parallelism; also the task's kind) after the chain's previous item, holding ``resources``; the
-    chain's next item waits for it."""
+    chain's next item waits for it; ``nbytes``: their buffers' bytes (each collective's
+    :attr:`~simtrain.network.Collective.nbytes` x its ``repeat``), for the trace."""
 
     seconds: float
     label: str
     resources: tuple[str, ...]
     stream: str = "tp"
+    nbytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,8 @@ class Lowering:
         bucket_after: for each action that completes a stage's weight gradients, the task after
             which each of its gradient buckets is ready.
         dp_tasks: each rank's gradient-reduction tasks (its optimizer waits for them).
-        tp_cache: (stage, kind, rank) -> seconds and ports of the action's TP collectives.
+        tp_cache: (stage, kind, rank, stream) -> seconds, ports and bytes of the action's TP (or CP)
+            collectives.
         a2a_cache: (id of an all-to-all cost, rank, lane) -> that cost and its engine transfers.
         item_cache: (stage, kind, compute factor) -> the MoE items of its actions, labels after
             the action's name (:func:`simtrain.lowering.moe.item_template`).
@@ -132,7 +135,7 @@ class Lowering:
     freed: dict[Action, Task] = field(default_factory=dict)
     bucket_after: dict[Action, list[Task]] = field(default_factory=dict)
     dp_tasks: dict[int, list[Task]] = field(default_factory=dict)
-    tp_cache: dict[tuple, tuple[float, tuple[str, ...]]] = field(default_factory=dict)
+    tp_cache: dict[tuple, tuple[float, tuple[str, ...], float]] = field(default_factory=dict)
     a2a_cache: dict[tuple, tuple[A2ACost, list[Transfer]]] = field(default_factory=dict)
     item_cache: dict[tuple, list[Compute | Block]] = field(default_factory=dict)
 

@@ -67,9 +67,15 @@ class CostChoice:
                                      host_bound)
 
 
-def recompute_modules(recompute: str | None) -> str | None:
+def recompute_modules(recompute: str | None, where: str = "--recompute") -> str | None:
     """The ``--recompute`` value if it is a module list (validated), None for a level
-    (none/selective/full, left to :class:`simtrain.parallel.ParallelConfig`) or no flag.
+    (none/selective/full, left to :class:`simtrain.parallel.ParallelConfig`) or no flag. Every
+    entry point that takes a module list parses it here: compare's flag, the API, a scenario
+    file's ``parallel.recompute`` and plan's modes.
+
+    Args:
+        recompute: the value given.
+        where: how a message names it (``--recompute``, or a file's ``s.yaml: field 'parallel.recompute'``).
 
     Raises:
         SimtrainError: an unknown module name (one line listing the allowed ones).
@@ -77,9 +83,9 @@ def recompute_modules(recompute: str | None) -> str | None:
     if recompute is None or recompute in RECOMPUTE_LEVELS:
         return None
     if not isinstance(recompute, str):
-        raise SimtrainError(f"recompute = {recompute!r}: expected none, selective, full or a comma-separated "
+        raise SimtrainError(f"{where} = {recompute!r}: expected none, selective, full or a comma-separated "
                             "string of module names (e.g. 'norm,mla_up')")
-    costs_ops.parse_recompute(recompute)
+    costs_ops.parse_recompute(recompute, where)
     return recompute
 
 

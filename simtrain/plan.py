@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from .checks import MAX_TASKS, check_max_tasks, check_sequence_parallel, check_work
-from .cost_models import CostChoice, parse_cost_choice
+from .cost_models import CostChoice, parse_cost_choice, recompute_modules
 from .costs import StageCosts, split_layers, stage_costs
 from .errors import SimtrainError
 from .hardware import HardwareProfile
@@ -65,7 +65,8 @@ class PlanRequest:
         objective: ``step-time`` (minimise seconds per step on exactly N GPUs) or
             ``tokens-per-gpu`` (maximise tokens/s per GPU on any divisor of N GPUs).
         max_tp: largest tensor-parallel degree (default: GPUs per node).
-        recompute: recomputation modes to try.
+        recompute: recomputation modes to try: levels (none, selective, full) or module lists, as
+            ``compare --recompute`` takes them (a module list needs the per-operator cost model).
         zero_stages: ZeRO stages to try.
         top: how many of the best to keep (K).
         cost: the compute cost model of the simulations and the bounds; None: compare's default, ``auto``.
@@ -73,7 +74,8 @@ class PlanRequest:
             (``task_ceiling``), as ``compare --max-tasks`` refuses it.
 
     Raises:
-        SimtrainError: ``cost`` cannot run on ``model`` / ``hardware``, or sets ``recompute``;
+        SimtrainError: ``cost`` cannot run on ``model`` / ``hardware``, or sets ``recompute`` (give
+            module lists in ``recompute``); a bad module list, or one on the flat cost model;
             ``max_tasks`` is not a whole number >= 1.
     """
 
@@ -96,10 +98,17 @@ class PlanRequest:
         cost = self.cost or parse_cost_choice("auto", None, None, self.hardware.attention_kernel(None),
                                               self.hardware)
         if cost.recompute is not None:
-            raise SimtrainError(f"--recompute = {cost.recompute!r}: the planner tries none, selective and full")
-        parse_cost_choice(cost.model, None, cost.fp8, cost.attention, self.hardware)
-        cost.runtime(self.model, ParallelConfig(), self.hardware)  # raises what the workers would
+            raise SimtrainError(f"--recompute = {cost.recompute!r}: the planner takes the module lists it tries in "
+                                "its recompute modes, not in the cost model")
+        for modules in [None, *filter(None, map(recompute_modules, self.recompute))]:
+            parse_cost_choice(cost.model, modules, cost.fp8, cost.attention, self.hardware)
+            replace(cost, recompute=modules).runtime(self.model, ParallelConfig(), self.hardware)  # as the workers
         object.__setattr__(self, "cost", cost)
+
+    def cost_of(self, cfg: Config) -> CostChoice:
+        """The cost model that prices ``cfg``: the request's, with ``cfg``'s recompute module list if it has one."""
+        modules = recompute_modules(cfg.recompute)
+        return self.cost if modules is None else replace(self.cost, recompute=modules)
 
     @property
     def fit_advice(self) -> str:
@@ -186,11 +195,11 @@ class _Caches:
             raise hit
         return hit
 
-    def _priced(self, costs: StageCosts, parallel: Callable[[], ParallelConfig], *key) -> StageCosts:
-        """``costs`` priced for ``parallel()`` by the request's cost model, once per ``costs`` and ``key``."""
+    def _priced(self, costs: StageCosts, cfg: Config, parallel: Callable[[], ParallelConfig], *key) -> StageCosts:
+        """``costs`` priced for ``parallel()`` by ``cfg``'s cost model, once per ``costs`` and ``key``."""
         full = ("priced", id(costs), *key)  # costs live in self.costs, so their ids are stable
         if full not in self.costs:
-            runtime = self.req.cost.runtime(self.req.model, parallel(), self.req.hardware, host_bound=False)
+            runtime = self.req.cost_of(cfg).runtime(self.req.model, parallel(), self.req.hardware, host_bound=False)
             self.costs[full] = costs if runtime is None else runtime(costs)
         return self.costs[full]
 
@@ -198,7 +207,7 @@ class _Caches:
         """The exact costs of ``cfg`` cut into ``num_chunks`` chunks, as its simulation prices them."""
         key = (replace(cfg, schedule="", vp=0), num_chunks)  # the schedule only sets num_chunks
         flat = self._cached(key, self.req.model, self.req.parallel(cfg), num_chunks)
-        return self._priced(flat, lambda: self.req.parallel(cfg))
+        return self._priced(flat, cfg, lambda: self.req.parallel(cfg))
 
     def _flat_reference(self, cfg: Config) -> StageCosts:
         """:meth:`reference` before the cost model's hook (the flat model's costs; no ``pp_buffers``: a lower bound)."""
@@ -230,7 +239,7 @@ class _Caches:
         Then priced by the cost model for ``cfg``'s microbatches: per-operator chunk seconds are
         sums of per-layer terms (embedding, head, W's accumulation linear in the parameters), so
         the sums are the chunks' own (tests/test_plan_bounds.py)."""
-        return self._priced(self._flat_reference(cfg), lambda: self.req.parallel(cfg).model_copy(
+        return self._priced(self._flat_reference(cfg), cfg, lambda: self.req.parallel(cfg).model_copy(
             update=dict(pp=1, vp=1)), cfg.microbatches)
 
     def aggregated(self, cfg: Config, num_chunks: int) -> StageCosts:
@@ -370,7 +379,7 @@ def search(req: PlanRequest, backend, progress: Callable[[int, int], None] | Non
                 else:
                     heapq.heappush(heap, (max(bound, new_bound), cfg, True))
                 continue
-            backend.submit(cfg, req.cost)
+            backend.submit(cfg, req.cost_of(cfg))
             in_flight += 1
         if progress is not None:
             progress(done, total)

@@ -50,9 +50,12 @@ class Config:
         return split_name(self.schedule)[0] in PAIRED
 
     def parallel(self, seq_len: int | None, attention: str = "flash") -> ParallelConfig:
-        """The :class:`ParallelConfig` that runs this point (``attention``: the kernel, flash or unfused)."""
+        """The :class:`ParallelConfig` that runs this point (``attention``: the kernel, flash or unfused); a
+        ``recompute`` module list is the per-operator cost model's (:meth:`simtrain.plan.PlanRequest.cost_of`),
+        so its config recomputes ``none``, as ``compare --recompute MODULE,...``."""
+        recompute = self.recompute if self.recompute in ("none", "selective", "full") else "none"  # modules: the cost model's
         return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, vp=self.vp, microbatches=self.microbatches,
-                              microbatch_size=self.microbatch_size, seq_len=seq_len, recompute=self.recompute,
+                              microbatch_size=self.microbatch_size, seq_len=seq_len, recompute=recompute,
                               zero_stage=self.zero_stage, attention=attention)
 
 

@@ -16,7 +16,7 @@ import gc
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from .checks import MAX_OP_TIME_S, op_times_ok
 from .costs import StageCosts, stage_costs
@@ -91,6 +91,14 @@ class Scenario(BaseModel):
     no_comm: bool = False
     out: str | None = None
     sweep: dict[str, list[int]] | None = None
+    _recompute_modules: str | None = PrivateAttr(default=None)
+
+    @property
+    def recompute_modules(self) -> str | None:
+        """``parallel.recompute`` when the file gives a module list (``norm,swiglu``, as ``compare
+        --recompute`` takes it, for the per-operator cost model; ``parallel.recompute`` is then
+        ``none``), else None."""
+        return self._recompute_modules
 
 
 def load_scenario(path: Path) -> Scenario:
@@ -102,8 +110,18 @@ def load_scenario(path: Path) -> Scenario:
     Raises:
         SimtrainError: missing file, malformed YAML, or an invalid field.
     """
+    from .cost_models import recompute_modules  # (it imports this module)
+
     path = resolve_scenario_path(path)
-    scenario = validate_model(Scenario, load_yaml_file(path), str(path))
+    data = load_yaml_file(path)
+    section = data.get("parallel") if isinstance(data, dict) else None
+    modules = None
+    if isinstance(section, dict) and isinstance(section.get("recompute"), str):
+        modules = recompute_modules(section["recompute"], f"{path}: field 'parallel.recompute'")
+        if modules:  # a module list: the cost model's, so the parallel config recomputes none (as compare)
+            data = {**data, "parallel": {**section, "recompute": "none"}}
+    scenario = validate_model(Scenario, data, str(path))
+    scenario._recompute_modules = modules
     built_in = path.resolve().parent == SCENARIO_DIR.resolve()
     if scenario.out and not Path(scenario.out).is_absolute() and not built_in:
         scenario.out = str(path.parent / scenario.out)

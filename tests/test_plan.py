@@ -146,13 +146,13 @@ def test_plan_reports_the_step_time_compare_reports(cost, attention):
 def test_request_takes_compares_default_cost_model():
     """PlanRequest without ``cost`` resolves ``auto`` as compare does: per-operator where the profile
     has kernel tables (dense and MoE models alike), flat elsewhere, and the profile's attention kernel (V100:
-    unfused); operator recompute lists are refused."""
+    unfused); operator recompute lists are refused in the cost model (they are recompute modes)."""
     dense, moe = load_model("llama3-8b"), load_model("deepseek-v3")
     for model, hw, expected, kernel in ((dense, "h100-sxm", "ops", "flash"), (dense, "v100-sxm2", "flat", "unfused"),
                                         (moe, "h800", "ops", "flash")):
         req = PlanRequest(model, load_profile(hw), gpus=8, global_batch=8)
         assert (req.cost.model, req.parallel(next(enumerate_space(req))[0]).attention) == (expected, kernel)
-    with pytest.raises(SimtrainError, match="the planner tries none, selective and full"):
+    with pytest.raises(SimtrainError, match="the planner takes the module lists it tries in its recompute modes"):
         PlanRequest(dense, load_profile("h100-sxm"), gpus=8, global_batch=8, cost=CostChoice("ops", recompute="norm"))
 
 

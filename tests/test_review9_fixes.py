@@ -98,3 +98,43 @@ def test_tp_collectives_carry_their_bytes_in_the_csv_and_the_trace(tmp_path):
     assert (table.loc[table["kind"] == "dp", "lane"] == "dp").all()
     events = [e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e.get("cat") == "tp"]
     assert events and all(e["args"]["bytes"] == 4 * 16 * 8192 * 4096 * 2 for e in events)
+
+
+# ----------------------------------------------------------------------------- 3: recompute module lists
+def _row(res) -> dict:
+    assert res.exit_code == 0, res.output
+    return yaml.safe_load(res.stdout)[0]
+
+
+def test_a_scenario_takes_a_recompute_module_list_as_compare_does(tmp_path):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("model: llama3-8b\nhardware: h100-sxm\nparallel: {tp: 8, recompute: 'norm,swiglu'}\n"
+                        "schedules: [1f1b]\n")
+    flags = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--tp", "8", "--schedules", "1f1b", "--json"]
+    from_file, from_flag = _row(invoke("compare", scenario, "--json")), _row(invoke("compare", *flags, "--recompute",
+                                                                                    "norm,swiglu"))
+    plain = _row(invoke("compare", *flags, "--recompute", "none"))
+    for key in ("step_time_s", "peak_memory_bytes"):
+        assert from_file[key] == from_flag[key] != plain[key]
+    # a flag replaces the file's list
+    assert _row(invoke("compare", scenario, "--recompute", "none", "--json"))["step_time_s"] == plain["step_time_s"]
+    scenario.write_text(scenario.read_text().replace("swiglu", "bogus"))
+    one_error(invoke("compare", scenario, "--json"), "s.yaml: field 'parallel.recompute' = 'norm,bogus'",
+              "unknown module 'bogus'")
+
+
+def test_plan_tries_recompute_module_lists():
+    import json
+
+    args = ["plan", "--model", "llama3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--global-batch", "16",
+            "--schedules", "1f1b", "--workers", "1", "--json"]
+    res = invoke(*args, "--recompute", "norm,swiglu", "--recompute", "none")
+    assert res.exit_code == 0, res.output
+    rows = {(r["tp"], r["pp"], r["dp"], r["microbatch_size"], r["zero_stage"], r["recompute"]): r
+            for r in json.loads(res.stdout)["top"]}
+    assert {k[-1] for k in rows} == {"none", "norm,swiglu"}
+    pairs = [(rows[k], rows[(*k[:-1], "none")]) for k in rows if k[-1] != "none" and (*k[:-1], "none") in rows]
+    assert pairs and all(m["peak_memory_bytes"] < n["peak_memory_bytes"] and m["step_time_s"] > n["step_time_s"]
+                         for m, n in pairs)
+    one_error(invoke(*args, "--recompute", "norm,bogus"), "--recompute = 'norm,bogus'", "unknown module 'bogus'")
+    one_error(invoke(*args, "--recompute", "norm", "--cost-model", "flat"), "needs the per-operator cost model")

@@ -102,6 +102,10 @@ def overlay(
     overrides = dict(pp=taken.num_ranks, microbatches=taken.num_microbatches, tp=tp, dp=dp,
                      microbatch_size=microbatch_size, seq_len=seq_len, dtype=dtype)
     st = load_settings(scenario, model, hardware, overrides, None if from_trace else op_times, no_comm)
+    if st.recompute_modules:
+        raise SimtrainError(f"{st.source}: field 'parallel.recompute' = {st.recompute_modules!r}: a module list is "
+                            "priced by compare's per-operator cost model, which overlay does not run; give a level "
+                            "(none, selective, full)")
     times = measured_op_times(actions) if from_trace else st.op_times
     if schedule is not None and schedule not in REGISTRY:
         raise SimtrainError(f"--schedule: unknown schedule '{schedule}'; choose from {sorted(REGISTRY)}")

@@ -141,6 +141,7 @@ def compare(
     for line in job.summary() if job else []:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
     st = load_settings(scenario, model, hardware, overrides, op_times, no_comm, job)
+    modules = modules or st.recompute_modules
     check_simplified("--op-times" if op_times else f"{st.source}: field 'op_times'" if st.op_times else None,
                      "--no-comm" if no_comm else f"{st.source}: field 'no_comm'" if not st.comm else None,
                      {"--cost-model": None if cost_model == "auto" else cost_model, "--recompute": modules, "--fp8": fp8,

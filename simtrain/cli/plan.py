@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -18,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..checks import MAX_TASKS
-from ..cost_models import parse_cost_choice
+from ..cost_models import parse_cost_choice, recompute_modules
 from ..errors import SimtrainError
 from ..export import check_output_path, write_output
 from ..hardware import GiB, load_profile
@@ -42,6 +43,27 @@ def _split_list(text: str, flag: str, allowed: list[str]) -> tuple[str, ...]:
         if s not in allowed:
             raise SimtrainError(f"{flag} = {text!r}: '{s}' is not one of {allowed}")
     return items
+
+
+def _recompute_modes(values: list[str]) -> tuple[str, ...]:
+    """The ``--recompute`` modes: each value a comma-separated list of levels (none, selective, full)
+    or one module list as ``compare --recompute`` takes it (:func:`simtrain.cost_models.recompute_modules`
+    checks it), in order, without repeats.
+
+    Raises:
+        SimtrainError: no mode, or a bad module list."""
+    levels = ["none", "selective", "full"]
+    modes: list[str] = []
+    for text in values:
+        items = [s.strip() for s in text.split(",") if s.strip()]
+        if items and all(s in levels for s in items):
+            modes += items
+        elif items:
+            recompute_modules(text)
+            modes.append(text)
+    if not modes:
+        raise SimtrainError(f"--recompute = {' '.join(values)!r}: give at least one of {levels} or a module list")
+    return tuple(dict.fromkeys(modes))
 
 
 def _schedules(text: str) -> tuple[str, ...]:
@@ -101,7 +123,10 @@ def plan(
         help="step-time (on exactly N GPUs) or tokens-per-gpu (on any divisor of N GPUs)")] = "step-time",
     max_tp: Annotated[Optional[int], typer.Option(help="largest tensor-parallel degree (default: GPUs per node)",
                                                   min=1)] = None,
-    recompute: Annotated[str, typer.Option(help="recompute modes to try: none, selective, full")] = "none,selective,full",
+    recompute: Annotated[list[str], typer.Option(
+        help="recompute modes to try: levels none, selective, full (comma-separated), or a module list as "
+             "simtrain compare takes it (norm,swiglu; per-operator cost model); repeat the flag to try "
+             "several lists")] = ["none,selective,full"],
     zero_stages: Annotated[str, typer.Option(help="ZeRO stages to try: 0, 1")] = "0,1",
     top: Annotated[int, typer.Option(help="how many of the best to show (K)", min=1)] = 5,
     cost_model: Annotated[str, typer.Option(
@@ -127,12 +152,14 @@ def plan(
     if objective not in ("step-time", "tokens-per-gpu"):
         raise SimtrainError(f"--objective = {objective!r}: choose step-time or tokens-per-gpu")
     spec, hw = load_model(model), load_profile(hardware)
+    modes = _recompute_modes(recompute)
     req = PlanRequest(
         model=spec, hardware=hw, gpus=gpus, global_batch=global_batch,
         seq_len=seq_len, schedules=_schedules(schedules), objective=objective, max_tp=max_tp,
-        recompute=_split_list(recompute, "--recompute", ["none", "selective", "full"]),
+        recompute=modes,
         zero_stages=tuple(int(z) for z in _split_list(zero_stages, "--zero-stages", ["0", "1"])), top=top,
-        cost=parse_cost_choice(cost_model, None, fp8, hw.attention_kernel(attention), hw), max_tasks=max_tasks)
+        cost=replace(parse_cost_choice(cost_model, next(filter(None, map(recompute_modules, modes)), None), fp8,
+                                       hw.attention_kernel(attention), hw), recompute=None), max_tasks=max_tasks)
     if out_path is not None:
         check_output_path(out_path, "--out", ".html", [Path(p) for p in (model, hardware) if Path(p).is_file()], force)
     runner = make_backend(backend, req.model, req.hardware, seq_len, workers, ray_address)
@@ -162,7 +189,7 @@ def _report(req: PlanRequest, summary: dict, rows: list[dict], out_path: Path | 
 
         best = summary["best"]
         par = req.parallel(config_of_row(best))
-        runtime = req.cost.runtime(req.model, par, req.hardware)
+        runtime = req.cost_of(config_of_row(best)).runtime(req.model, par, req.hardware)
         cfg_run = run_schedule(best["schedule"], req.model, req.hardware, par, runtime=runtime)
         panel = Panel(cfg_run.report, cfg_run.result.tasks, cfg_run.result.memory)
         write_output(lambda: _atomic_write(out_path, lambda tmp: write_plan_page(

@@ -127,6 +127,8 @@ class Settings:
     comm: bool
     name: Callable[[str, object], str] = flag_name
     """How an error or warning names a parallel setting and its value (:func:`setting_name`)."""
+    recompute_modules: str | None = None
+    """The scenario file's ``parallel.recompute`` module list, unless ``--recompute`` replaces it."""
 
 
 def load_settings(scenario: Path | None, model: str | None, hardware: str | None, overrides: dict,
@@ -154,7 +156,8 @@ def load_settings(scenario: Path | None, model: str | None, hardware: str | None
     hw = load_profile(hardware or base.hardware)
     name = setting_name({k for k, v in overrides.items() if v is not None}, source, job.fields if job else None)
     check_settings(spec, parallel, hw, name)
-    return Settings(base, source, flags_only, spec, hw, parallel, times, not (no_comm or base.no_comm), name)
+    modules = base.recompute_modules if overrides.get("recompute") is None else None
+    return Settings(base, source, flags_only, spec, hw, parallel, times, not (no_comm or base.no_comm), name, modules)
 
 
 def fit_to_file(

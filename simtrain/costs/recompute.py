@@ -40,11 +40,13 @@ _EVERY_SECOND_MM_RERUNS = ("norm", "residual", "dropout", "activation", "rotary"
 """The non-compute operators :data:`EVERY_SECOND_MM` reruns (every one of the block)."""
 
 
-def parse_recompute(spec: str) -> frozenset[str]:
+def parse_recompute(spec: str, where: str = "--recompute") -> frozenset[str]:
     """Operators rerun inside I: ``none``, ``selective`` (the attention core), ``full`` (every
     layer operator), ``every-second-mm`` (torchtitan's selective op policy,
     :data:`EVERY_SECOND_MM`) or a comma-separated list of :data:`LAYER_OPS` names and
     :data:`ALIASES`.
+
+    ``where`` names the value in a message (the flag, or a scenario file's field).
 
     Raises:
         SimtrainError: an unknown module name (the message lists the allowed ones).
@@ -60,7 +62,7 @@ def parse_recompute(spec: str) -> frozenset[str]:
         elif item in LAYER_OPS:
             names.add(item)
         else:
-            raise SimtrainError(f"--recompute = {spec!r}: unknown module {item!r}; choose none, selective, full, "
+            raise SimtrainError(f"{where} = {spec!r}: unknown module {item!r}; choose none, selective, full, "
                                 f"{EVERY_SECOND_MM} or a comma-separated list of {', '.join(LAYER_OPS + tuple(ALIASES))}")
     for name, parts in _MODULE_PARTS.items():
         if name in names:

@@ -22,7 +22,6 @@ import math
 import warnings
 from collections.abc import Callable, Iterable
 
-from .costs import split_layers
 from .errors import SimtrainError
 from .hardware import HardwareProfile
 from .models import ModelSpec
@@ -138,7 +137,7 @@ def _refuse_work(total: int, max_tasks: int, what: str, api: bool = False) -> No
 
 def check_structure(names: Iterable[str], model: ModelSpec, parallel: ParallelConfig,
                     max_tasks: int = MAX_TASKS, sweep: tuple[str, list[int]] | None = None,
-                    api: bool = False) -> int:
+                    api: bool = False, name: Callable[[str, object], str] = flag_name) -> int:
     """Refuse, before generating anything, schedules that cannot run or are too big to simulate.
 
     Args:
@@ -148,18 +147,20 @@ def check_structure(names: Iterable[str], model: ModelSpec, parallel: ParallelCo
         sweep: ``(field, values)`` of a sweep, whose every point is simulated too.
         api: the advice of a refusal names the Python API's arguments (``max_tasks=``), not
             the CLI's flags (``--max-tasks``).
+        name: how a message names a parallel setting (default its flag, ``--pp 64``; a scenario
+            file's loader names the file's field, :func:`simtrain.cli.settings.setting_name`).
 
     Returns:
         The estimated tasks (:func:`check_work`).
 
     Raises:
-        SimtrainError: more stages than layers (:func:`simtrain.costs.split_layers`'s message),
+        SimtrainError: more stages than layers (naming pp, and vp, as ``name`` words them),
             a sequence that sequence parallelism cannot shard (:func:`check_sequence_parallel`),
             or too much work (:func:`check_work`).
     """
     names = list(names)
-    for name in names:
-        _check_layers(name, stages_and_chunks(name, parallel.pp, parallel.vp)[1], model)
+    for schedule in names:
+        _check_layers(schedule, stages_and_chunks(schedule, parallel.pp, parallel.vp)[1], model, parallel, name)
     check_sequence_parallel(model, parallel)
     return check_work(names, model, parallel, max_tasks, sweep, api)
 
@@ -225,13 +226,15 @@ def _check_layer_work(model: ModelSpec, runs: int, max_tasks: int, api: bool) ->
             f"{max_tasks:,} tasks; use fewer layers, or pass {advice} to run it anyway")
 
 
-def _check_layers(name: str, chunks: int, model: ModelSpec) -> None:
+def _check_layers(schedule: str, chunks: int, model: ModelSpec, parallel: ParallelConfig,
+                  name: Callable[[str, object], str]) -> None:
+    """Refuse ``schedule``'s ``chunks`` model chunks (pp x vp, 2 pp for DualPipe) above the model's
+    layers, naming pp (and vp) as ``name`` words them. Raises SimtrainError."""
     if chunks <= model.num_layers:
         return
-    try:
-        split_layers(model.num_layers, chunks)
-    except SimtrainError as exc:
-        raise SimtrainError(f"{name}: {exc}") from None
+    said = name("pp", parallel.pp) + (f" with {name('vp', parallel.vp)}" if parallel.vp > 1 else "")
+    raise SimtrainError(f"{said}: {schedule} needs {chunks} pipeline stages for a model of {model.num_layers} layers "
+                        f"({model.name}): each stage needs at least one layer; lower pp" + (" or vp" if parallel.vp > 1 else ""))
 
 
 def check_imported(actions: int, max_tasks: int, source: str) -> None:
@@ -314,11 +317,8 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
               + ": there is no all-to-all to hide; its F&B pairs are lowered as DualPipe's (layer by layer, "
               "each half's TP collectives behind the other half's compute)")
     gpn = hardware.gpus_per_node
-    if moe and parallel.node_limit is not None:
-        nodes = math.ceil(parallel.ep / gpn)
-        if parallel.node_limit >= nodes:
-            _warn(f"{name('node_limit', parallel.node_limit)}: an EP group of {parallel.ep} GPUs spans {nodes} node(s) of "
-                  f"{gpn} GPUs, so the limit never binds; the result is that of no node limit")
+    if moe:
+        warn_unbound_node_limit(parallel.node_limit, parallel.ep, gpn, name("node_limit", parallel.node_limit))
     if parallel.tp > gpn:
         _warn(f"{name('tp', parallel.tp)} > {gpn} GPUs per node of {hardware.name}: each TP group spans "
               f"{math.ceil(parallel.tp / gpn)} nodes, so its collectives, on the critical path of every layer, run over "
@@ -399,6 +399,16 @@ def check_dtype(hardware: HardwareProfile, parallel: ParallelConfig, ops: bool, 
         raise SimtrainError(f"{hardware.name} has no {parallel.dtype} rate, the default compute dtype; give --dtype "
                             f"with one of {choices}" + (" (e.g. --dtype fp16)" if "fp16" in allowed else ""))
     raise SimtrainError(f"{where} = {parallel.dtype!r}: {hardware.name} can be priced in {choices}")
+
+
+def warn_unbound_node_limit(node_limit: int | None, ep: int, gpus_per_node: int, said: str) -> None:
+    """Warn (:class:`ScheduleWarning`) that a node limit (DeepSeek-V3 §2.1.2's M) of at least the
+    nodes an EP group of ``ep`` GPUs spans never binds; ``said`` names the setting (``--node-limit 4``).
+    ``compare`` and ``collective dispatch``/``combine`` both check it here."""
+    nodes = math.ceil(ep / gpus_per_node)
+    if node_limit is not None and node_limit >= nodes:
+        warnings.warn(f"{said}: an EP group of {ep} GPUs spans {nodes} node(s) of {gpus_per_node} GPUs, so the limit "
+                      "never binds; the result is that of no node limit", ScheduleWarning, stacklevel=3)
 
 
 def _warn(message: str) -> None:

@@ -20,6 +20,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from .checks import warn_unbound_node_limit
 from .collectives import OPS, estimate
 from .deepep import estimate_ep
 from .errors import SimtrainError, load_yaml_file, validate_model
@@ -30,6 +31,8 @@ out = Console(width=None if sys.stdout.isatty() else 160)
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 DEFAULT_SIZES = "1M,8M,64M,512M,1G,8G"
 _EP_FLAGS = ("--ep", "--tokens", "--hidden", "--topk")
+DEFAULT_EXPERTS = 256
+"""``--experts`` when not given: DeepSeek-V3's 256 routed experts (DeepSeek-V3 §4.2), as DeepEP's tests route."""
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -88,7 +91,7 @@ def collective(
         help="bf16 or fp8 (dispatch only; combine is bf16) [default: fp8]")] = None,
     node_limit: Annotated[Optional[int], typer.Option(help="nodes a token may use (default: all)")] = None,
     experts: Annotated[Optional[int], typer.Option(
-        help="routed experts in total (dispatch/combine) [default: 256]")] = None,
+        help=f"routed experts in total (dispatch/combine) [default: {DEFAULT_EXPERTS}]")] = None,
     low_latency: Annotated[bool, typer.Option("--low-latency", help="DeepEP's pure-RDMA kernels")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
 ) -> None:
@@ -105,8 +108,12 @@ def collective(
                 "only for the NCCL collectives (the message size is --tokens x --hidden x --topk)")
         if op == "combine":
             _refuse(op, {"--dispatch-dtype": dispatch_dtype}, "only for dispatch: DeepEP's combine sends BF16")
+        if experts is None and DEFAULT_EXPERTS % ep:
+            raise SimtrainError(f"--ep = {ep}: must divide the routed experts, {DEFAULT_EXPERTS} by default "
+                                "(DeepSeek-V3's); give --experts as a multiple of --ep")
+        warn_unbound_node_limit(node_limit, ep, hw.gpus_per_node, f"--node-limit {node_limit}")
         e = estimate_ep(op, hw, ep, tokens, hidden, topk, dispatch_dtype or "fp8", node_limit,
-                        256 if experts is None else experts, low_latency)
+                        DEFAULT_EXPERTS if experts is None else experts, low_latency)
         row = dict(op=e.op, ep=e.ep, time_s=e.time_s, bottleneck=e.bottleneck,
                    nvlink_bytes_per_s=e.nvlink_bytes_per_s, rdma_bytes_per_s=e.rdma_bytes_per_s)
         if as_json:

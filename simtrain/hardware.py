@@ -339,7 +339,7 @@ def profile_files(extra: list[Path] | tuple[Path, ...] = ()) -> list[tuple[str, 
         ``(name, path, built_in)`` triples, built-ins first, each group sorted by name.
 
     Raises:
-        SimtrainError: an ``extra`` path does not exist.
+        SimtrainError: an ``extra`` path does not exist, or is neither a file nor a folder (a device).
     """
     found = [(p.stem, p, True) for p in sorted(PROFILE_DIR.glob("*.yaml"))]
     user = [USER_PROFILE_DIR] if USER_PROFILE_DIR.is_dir() else []
@@ -348,6 +348,10 @@ def profile_files(extra: list[Path] | tuple[Path, ...] = ()) -> list[tuple[str, 
             found += [(p.stem, p, False) for p in sorted([*entry.glob("*.yaml"), *entry.glob("*.yml")])]
         elif entry.is_file():
             found.append((entry.stem, entry, False))
+        elif entry.exists():  # a device, a pipe: loading's one check says which
+            from .loading import MAX_YAML_BYTES, check_regular_file
+
+            check_regular_file(entry, "a profile YAML file or a folder of them", MAX_YAML_BYTES)
         else:
             raise SimtrainError(f"{entry}: no such profile file or folder")
     return found

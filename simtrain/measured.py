@@ -156,7 +156,8 @@ def read_torch_trace(paths: Sequence[Path], step: int | None = None) -> pd.DataF
 
     Returns:
         DataFrame with :data:`COLUMNS`, one row per action, times in seconds from the step's first
-        action, sorted by start time then rank.
+        action, sorted by start time then rank; ``attrs["world_size"]`` is the job's world size
+        (the files' ``distributedInfo.world_size``), or None where they do not say.
 
     Raises:
         SimtrainError: a missing or unreadable file, a file that is not a Chrome trace, two files
@@ -166,6 +167,7 @@ def read_torch_trace(paths: Sequence[Path], step: int | None = None) -> pd.DataF
         raise SimtrainError("--measured: give at least one torch profiler trace")
     rows: list[dict] = []
     ranks: dict[int, Path] = {}
+    worlds: list[int] = []
     for i, path in enumerate(paths):
         data = _load(Path(path))
         info = data.get("distributedInfo") or {}
@@ -182,8 +184,13 @@ def read_torch_trace(paths: Sequence[Path], step: int | None = None) -> pd.DataF
                 "'Forward <mb>'/'Backward <mb>'); was the step run under torch.profiler?"
             )
         rows += got
+        size = info.get("world_size") if isinstance(info, dict) else None
+        if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+            worlds.append(size)
     df = pd.DataFrame(rows, columns=COLUMNS)
     t0 = df["start_s"].min()
     df["start_s"] -= t0
     df["end_s"] -= t0
-    return df.sort_values(["start_s", "rank"], kind="stable").reset_index(drop=True)
+    df = df.sort_values(["start_s", "rank"], kind="stable").reset_index(drop=True)
+    df.attrs["world_size"] = max(worlds) if worlds else None
+    return df

@@ -138,3 +138,58 @@ def test_plan_tries_recompute_module_lists():
                          for m, n in pairs)
     one_error(invoke(*args, "--recompute", "norm,bogus"), "--recompute = 'norm,bogus'", "unknown module 'bogus'")
     one_error(invoke(*args, "--recompute", "norm", "--cost-model", "flat"), "needs the per-operator cost model")
+
+
+# ----------------------------------------------------------------------------- 4: errors name what was given
+DATA = PROFILE_DIR.parent.parent / "tests" / "data"
+
+
+def test_megatron_model_errors_name_the_files_flags(tmp_path):
+    text = (DATA / "jobs" / "megatron_llama3_70b.txt").read_text()
+    assert "--num-query-groups 8" in text
+    job = tmp_path / "job.txt"
+    job.write_text(text.replace("--num-query-groups 8", "--num-query-groups 7"))
+    line = one_error(invoke("compare", "--from-megatron", job, "--hardware", "h100-sxm", "--json"),
+                     "job.txt: --num-query-groups (7) must divide --num-attention-heads (64)")
+    assert "num_kv_heads" not in line
+
+
+def test_too_many_stages_name_the_scenario_field(tmp_path):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("model: llama3-8b\nhardware: h100-sxm\nparallel: {pp: 64}\nschedules: [1f1b]\n")
+    line = one_error(invoke("compare", scenario, "--json"), "s.yaml: field 'parallel.pp' = 64",
+                     "64 pipeline stages for a model of 32 layers")
+    assert "--pp" not in line
+    one_error(invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "8", "--vp", "8",
+                     "--schedules", "interleaved-1f1b", "--microbatches", "16", "--json"),
+              "--pp 8 with --vp 8", "64 pipeline stages", "lower pp or vp")
+
+
+EP = ["collective", "dispatch", "--hardware", "h100-sxm", "--tokens", "4096", "--hidden", "7168", "--topk", "8"]
+
+
+def test_collective_dispatch_names_the_experts_default():
+    line = one_error(invoke(*EP, "--ep", "3"), "--ep = 3", "256 by default", "give --experts")
+    assert "--experts = 256" not in line
+    one_error(invoke(*EP, "--ep", "3", "--experts", "256"), "--experts = 256: must be a multiple of --ep (3)")
+
+
+def test_profiles_names_what_a_device_is():
+    one_error(invoke("profiles", "/dev/zero"), "/dev/zero: is a device", "profile YAML file or a folder")
+
+
+def test_overlay_of_one_ranks_trace_says_the_other_ranks_are_missing():
+    line = one_error(invoke("overlay", "--measured", DATA / "torch_gpipe_rank0.json", "--model", "llama3-8b",
+                            "--hardware", "h100-sxm"), "--measured: 1 trace file(s) with 1 pipeline rank(s)",
+                     "the job had 2", "world_size 2")
+    assert "HBM" not in line
+
+
+# ----------------------------------------------------------------------------- 6: collectives
+def test_dispatch_warns_of_a_node_limit_that_never_binds_as_compare_does():
+    res = invoke(*EP, "--ep", "16", "--node-limit", "99", "--json")
+    assert res.exit_code == 0, res.output
+    assert "warning: --node-limit 99: an EP group of 16 GPUs spans 2 node(s) of 8 GPUs, so the limit never binds" \
+        in res.stderr
+    bound = invoke(*EP, "--ep", "16", "--node-limit", "1", "--json")
+    assert bound.exit_code == 0 and "never binds" not in bound.stderr

@@ -102,6 +102,12 @@ def overlay(
     overrides = dict(pp=taken.num_ranks, microbatches=taken.num_microbatches, tp=tp, dp=dp,
                      microbatch_size=microbatch_size, seq_len=seq_len, dtype=dtype)
     st = load_settings(scenario, model, hardware, overrides, None if from_trace else op_times, no_comm)
+    world, pipeline = actions.attrs.get("world_size"), st.parallel.tp * st.parallel.dp * st.parallel.cp
+    if world is not None and world % pipeline == 0 and world // pipeline > taken.num_ranks:
+        raise SimtrainError(f"--measured: {len(measured)} trace file(s) with {taken.num_ranks} pipeline rank(s), and "
+                            f"the job had {world // pipeline} (distributedInfo.world_size {world} / (tp {st.parallel.tp} "
+                            f"x dp {st.parallel.dp} x cp {st.parallel.cp})); give one trace per pipeline rank "
+                            "(repeat --measured), or the tp and dp the job ran with")
     if st.recompute_modules:
         raise SimtrainError(f"{st.source}: field 'parallel.recompute' = {st.recompute_modules!r}: a module list is "
                             "priced by compare's per-operator cost model, which overlay does not run; give a level "

@@ -262,7 +262,7 @@ def _check_plan(st: Settings, plan: _ComparePlan, given: set[str], max_tasks: in
     if any("waved-ep" in split_name(n)[1] for n in plan.names):  # named as set, before run_schedule's check
         resolve_waves(st.model, plan.parallel, st.name)
     sweep = (plan.sweep.field, list(plan.sweep.values)) if plan.sweep is not None else None
-    check_structure(plan.names, st.model, plan.parallel, max_tasks, sweep)
+    check_structure(plan.names, st.model, plan.parallel, max_tasks, sweep, name=st.name)
     if plan.imported is not None:
         check_imported(sum(len(order) for order in plan.imported.orders), max_tasks, str(plan.schedule_file))
 

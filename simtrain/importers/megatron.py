@@ -21,7 +21,9 @@ import re
 import shlex
 from pathlib import Path
 
-from ..errors import SimtrainError, validate_model
+from pydantic import ValidationError
+
+from ..errors import SimtrainError
 from ..loading import MAX_YAML_BYTES, read_text
 from ..models import ModelSpec
 from . import ImportedJob, positive_int
@@ -96,7 +98,28 @@ def _model(a: argparse.Namespace, tp: int, path: Path, ignored: list[str]) -> Mo
                            num_shared_experts=shared, router_bias=a.moe_router_enable_expert_bias)
         if (a.moe_layer_freq or 1) != 1:
             ignored.append(f"--moe-layer-freq {a.moe_layer_freq} (every layer is simulated as MoE)")
-    return validate_model(ModelSpec, spec, str(path))
+    try:
+        return ModelSpec.model_validate(spec)
+    except ValidationError as err:
+        raise SimtrainError(f"{path}: " + "; ".join(_in_flags(e) for e in err.errors())) from None
+
+
+_MODEL_FLAGS = dict(num_layers="--num-layers", hidden_size="--hidden-size", ffn_hidden_size="--ffn-hidden-size",
+                    num_heads="--num-attention-heads", num_kv_heads="--num-query-groups", head_dim="--kv-channels",
+                    vocab_size="--vocab-size (padded)", seq_len="--seq-length")
+"""simtrain's ModelSpec field -> the Megatron-LM flag it is read from, for messages."""
+
+
+def _in_flags(e: dict) -> str:
+    """One ModelSpec validation error in the file's own flag names (``--num-query-groups``, not
+    simtrain's ``num_kv_heads``); a field read from no single flag keeps simtrain's name."""
+    msg = e["msg"].removeprefix("Value error, ")
+    if not e["loc"]:  # a rule across fields: name them by their flags
+        for name, flag in _MODEL_FLAGS.items():
+            msg = re.sub(rf"\b{name}\b", flag, msg)
+        return msg
+    field = ".".join(str(x) for x in e["loc"])
+    return f"{_MODEL_FLAGS.get(field, f'field {field!r} (derived)')} = {e.get('input')!r}: {msg}"
 
 
 _FIELDS = dict(tp="--tensor-model-parallel-size", pp="--pipeline-model-parallel-size",

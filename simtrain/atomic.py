@@ -29,8 +29,18 @@ def write_text(path: Path, text: str, overwrite: bool = True, flag: str | None =
     return write_bytes(path, text.encode("utf-8"), overwrite, flag)
 
 
+def _no_folder(path: Path, flag: str) -> SimtrainError | None:
+    """The error for ``path`` whose folder is missing or not a folder (None when it is one):
+    simtrain never creates folders (a mistyped ``/nonexist/x.html`` would be made silently)."""
+    folder = path.parent
+    if folder.is_dir():
+        return None
+    why = "is not a folder" if folder.exists() else "does not exist; create it first"
+    return SimtrainError(f"{flag} = {str(path)!r}: cannot write the file: {folder} {why}")
+
+
 def write_bytes(path: Path, data: bytes, overwrite: bool = True, flag: str | None = None) -> Path:
-    """Write ``data`` to ``path`` atomically; parent folders are created.
+    """Write ``data`` to ``path`` atomically, in an existing folder (none is created).
 
     Args:
         path: the file to write.
@@ -44,13 +54,15 @@ def write_bytes(path: Path, data: bytes, overwrite: bool = True, flag: str | Non
         ``path``.
 
     Raises:
-        SimtrainError: (with ``flag``) the folder is not writable, the disk is full, or ``path``
-            exists and ``overwrite`` is False.
-        OSError: (without ``flag``) the same problems.
+        SimtrainError: (with ``flag``) the folder is missing or not writable, the disk is full, or
+            ``path`` exists and ``overwrite`` is False.
+        OSError: (without ``flag``) the same problems (FileNotFoundError: no such folder).
     """
     path = Path(path)
+    missing = _no_folder(path, flag) if flag is not None else None
+    if missing is not None:
+        raise missing
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = _temp_in(path.parent, path.name, path.suffix)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -86,24 +98,22 @@ def _umask() -> int:
 def check_writable(path: Path, flag: str) -> None:
     """Refuse, before any long work, an output path that :func:`write_text` could not write.
 
-    Creates and removes an empty temporary file in the nearest existing folder above ``path``
-    (missing folders below it would be created): the only reliable test, since permissions,
-    read-only mounts and ACLs all show up.
+    Creates and removes an empty temporary file in ``path``'s folder: the only reliable test,
+    since permissions, read-only mounts and ACLs all show up.
 
     Raises:
-        SimtrainError: ``path`` is a folder or not a regular file, a path component is a file,
-            or the folder is not writable.
+        SimtrainError: ``path`` is a folder or not a regular file, its folder is missing or a
+            file, or the folder is not writable.
     """
     path = Path(path)
     if path.is_dir():
         raise SimtrainError(f"{flag} = {str(path)!r}: is a folder, expected a file name")
     if path.exists() and not path.is_file():
         raise SimtrainError(f"{flag} = {str(path)!r}: exists and is not a regular file")
+    missing = _no_folder(path, flag)
+    if missing is not None:
+        raise missing
     folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        raise SimtrainError(f"{flag} = {str(path)!r}: cannot write the file: {folder} is not a folder")
     try:
         fd, tmp = _temp_in(folder, path.name, path.suffix)
         os.close(fd)

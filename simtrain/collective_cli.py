@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -20,6 +18,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from . import atomic
 from .checks import warn_unbound_node_limit
 from .collectives import OPS, estimate
 from .deepep import estimate_ep
@@ -145,18 +144,6 @@ def collective(
                  ("algorithm/protocol, bound by", "via", 1, "")])
 
 
-def _write_new(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (a temporary file in the same folder, then rename)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise SimtrainError(f"--out {path}: cannot write the file ({exc.strerror or exc})") from None
-
-
 def calibrate_nccl_tests(files: list[Path], base: str | None, out_path: Path, force: bool) -> None:
     """Fit a profile's NVLink and NIC efficiencies to nccl-tests logs; write a NEW profile.
 
@@ -176,8 +163,7 @@ def calibrate_nccl_tests(files: list[Path], base: str | None, out_path: Path, fo
     if out_path.exists() and (not force or out_path.resolve() == base_path.resolve()):
         raise SimtrainError(f"--out {out_path}: the file exists; choose a new name"
                             + ("" if out_path.resolve() == base_path.resolve() else " or pass --force"))
-    if not out_path.parent.is_dir():
-        raise SimtrainError(f"--out {out_path}: folder {out_path.parent} does not exist")
+    atomic.check_writable(out_path, "--out")
     logs = [parse_log(f) for f in files]
     hw = load_profile(base_path)
     _, record = fit_profile(hw, logs)
@@ -192,8 +178,8 @@ def calibrate_nccl_tests(files: list[Path], base: str | None, out_path: Path, fo
     data["calibration"] = dict(method="nccl-tests", base=str(base_path), date=datetime.date.today().isoformat(),
                                files=[str(f) for f in files], **record)
     validate_model(ProfileFile, data, str(out_path))
-    _write_new(out_path, "# Written by `simtrain calibrate --nccl-tests`; calibration: records the fit.\n"
-               + yaml.safe_dump(data, sort_keys=False, width=120))
+    atomic.write_text(out_path, "# Written by `simtrain calibrate --nccl-tests`; calibration: records the fit.\n"
+                      + yaml.safe_dump(data, sort_keys=False, width=120), flag="--out")
     table = Table(title=f"nccl-tests fit: NVLink efficiency {_fmt(record['intra_node_efficiency'])} "
                   f"({record['intra_node_rows']} rows), NIC efficiency {_fmt(record['inter_node_efficiency'])} "
                   f"({record['inter_node_rows']} rows)")

@@ -193,3 +193,38 @@ def test_dispatch_warns_of_a_node_limit_that_never_binds_as_compare_does():
         in res.stderr
     bound = invoke(*EP, "--ep", "16", "--node-limit", "1", "--json")
     assert bound.exit_code == 0 and "never binds" not in bound.stderr
+
+
+# ----------------------------------------------------------------------------- 5: no folder is created
+COMPARE = ["compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "2", "--schedules", "1f1b",
+           "--microbatches", "4"]
+NCCL_LOG = sorted((DATA / "nccl_tests").iterdir())[0]
+
+
+@pytest.mark.parametrize("args, flag", [
+    ([*COMPARE, "--out", "{missing}/x.html"], "--out"),
+    ([*COMPARE, "--trace", "{missing}/t.json"], "--trace"),
+    ([*COMPARE, "--csv", "{missing}/t.csv"], "--csv"),
+    (["export-schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--out", "{missing}/s.csv"], "--out"),
+    (["plan", "--model", "llama3-8b", "--hardware", "h100-sxm", "--gpus", "8", "--global-batch", "16",
+      "--schedules", "1f1b", "--out", "{missing}/p.html"], "--out"),
+    (["calibrate", "--device", "cpu", "--out", "{missing}/p.yaml"], "--out"),
+    (["calibrate", "--nccl-tests", NCCL_LOG, "--base", "h100-sxm", "--out", "{missing}/p.yaml"], "--out"),
+])
+def test_an_output_in_a_missing_folder_is_refused(tmp_path, args, flag):
+    missing = tmp_path / "nonexist"
+    res = invoke(*[str(a).format(missing=missing) for a in args])
+    one_error(res, f"{flag} = '{missing}/", f"cannot write the file: {missing} does not exist")
+    assert not missing.exists()
+
+
+def test_the_atomic_writer_creates_no_folder(tmp_path):
+    from simtrain import atomic
+    from simtrain.errors import SimtrainError
+
+    with pytest.raises(FileNotFoundError):
+        atomic.write_text(tmp_path / "a" / "b.txt", "x")
+    with pytest.raises(SimtrainError, match="does not exist; create it first"):
+        atomic.write_text(tmp_path / "a" / "b.txt", "x", flag="--out")
+    assert not (tmp_path / "a").exists()
+    assert atomic.write_text(tmp_path / "b.txt", "x").read_text() == "x"

@@ -8,8 +8,6 @@ Ctrl-C or an error never leaves a partial page; Ctrl-C also stops the backend's 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
@@ -78,18 +76,6 @@ def _schedules(text: str) -> tuple[str, ...]:
         except SimtrainError as exc:
             raise SimtrainError(f"--schedules: {exc}") from None
     return names
-
-
-def _atomic_write(path: Path, write) -> None:
-    """Write ``path`` through a temporary file in its folder, replaced into place only when done."""
-    fd, tmp = tempfile.mkstemp(suffix=path.suffix, prefix=f".{path.name}.", dir=path.parent or Path("."))
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _print_tables(summary: dict, subtitle: str) -> None:
@@ -192,8 +178,8 @@ def _report(req: PlanRequest, summary: dict, rows: list[dict], out_path: Path | 
         runtime = req.cost_of(config_of_row(best)).runtime(req.model, par, req.hardware)
         cfg_run = run_schedule(best["schedule"], req.model, req.hardware, par, runtime=runtime)
         panel = Panel(cfg_run.report, cfg_run.result.tasks, cfg_run.result.memory)
-        write_output(lambda: _atomic_write(out_path, lambda tmp: write_plan_page(
-            tmp, summary, rows, panel, req.hardware.hbm_bytes, "simtrain plan", subtitle)), out_path, "--out")
+        write_output(lambda: write_plan_page(out_path, summary, rows, panel, req.hardware.hbm_bytes, "simtrain plan",
+                                             subtitle), out_path, "--out")
     if as_json:
         print(json.dumps(summary, indent=2))
     else:

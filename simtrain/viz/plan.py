@@ -10,6 +10,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from .. import atomic
 from ..hardware import GiB
 from .page import Panel, _figure_html, _manifest, _page, dashboard_figures
 from .style import style_figure
@@ -83,5 +84,4 @@ def write_plan_page(path: Path, summary: dict, rows: list[dict], best: Panel, hb
     ]
     nav = [("pareto", "Pareto front"), ("top", "top configurations"), ("best", "best configuration")]
     path = Path(path)
-    path.write_text(_page(title, [subtitle], nav, body))
-    return path
+    return atomic.write_text(Path(path), _page(title, [subtitle], nav, body))

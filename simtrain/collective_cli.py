@@ -128,6 +128,9 @@ def collective(
             "only for dispatch and combine")
     if gpus is None:
         raise SimtrainError(f"collective {op}: --gpus required")
+    if gpus < 2:
+        raise SimtrainError(f"--gpus = {gpus}: a collective needs at least 2 GPUs (one GPU moves nothing: "
+                            "its time, algbw and busbw are undefined)")
     ests = [estimate(op, size, hw, gpus, gpus_per_node, algorithm or "auto") for size in parse_sizes(sizes or DEFAULT_SIZES)]
     rows = [dict(op=e.op, gpus=e.gpus, nodes=e.nodes, bytes=e.nbytes, time_s=e.time_s,
                  algbw_bytes_per_s=e.algbw_bytes_per_s, busbw_bytes_per_s=e.busbw_bytes_per_s, algorithm=e.algorithm)

@@ -228,3 +228,14 @@ def test_the_atomic_writer_creates_no_folder(tmp_path):
         atomic.write_text(tmp_path / "a" / "b.txt", "x", flag="--out")
     assert not (tmp_path / "a").exists()
     assert atomic.write_text(tmp_path / "b.txt", "x").read_text() == "x"
+
+
+@pytest.mark.parametrize("op", ["all-reduce", "all-gather", "p2p"])
+def test_a_collective_of_one_gpu_is_refused(op):
+    one_error(invoke("collective", op, "--gpus", "1", "--hardware", "h100-sxm"), "--gpus = 1",
+              "a collective needs at least 2 GPUs")
+
+
+def test_calibrate_names_a_bad_device_before_the_missing_out():
+    one_error(invoke("calibrate", "--device", "tpu"), "--device = 'tpu': choose cpu or cuda")
+    one_error(invoke("calibrate"), "--out: required")

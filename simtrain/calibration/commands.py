@@ -47,10 +47,15 @@ def _ints(flag: str, text: str | None) -> list[int] | None:
     return values
 
 
-def _check_device(device: str, world: int | None, torch) -> int:
-    """Validate --device and --world; return the world size (torchrun's, or the ranks to spawn)."""
+def _check_device_name(device: str) -> None:
+    """Refuse a ``--device`` other than cpu or cuda (before torch is imported, before ``--out``)."""
     if device not in ("cpu", "cuda"):
         raise SimtrainError(f"--device = {device!r}: choose cpu or cuda")
+
+
+def _check_device(device: str, world: int | None, torch) -> int:
+    """Validate --device and --world; return the world size (torchrun's, or the ranks to spawn)."""
+    _check_device_name(device)
     if launch.under_torchrun():
         return int(os.environ["WORLD_SIZE"])
     if device == "cuda":
@@ -100,7 +105,8 @@ def _check_timeout(timeout_s: float) -> None:
 
 
 def calibrate(
-    out_path: Annotated[Path, typer.Option("--out", help="calibrated profile YAML to write (a new file)")],
+    out_path: Annotated[Optional[Path], typer.Option(
+        "--out", help="calibrated profile YAML to write (a new file) [required]", show_default=False)] = None,
     base: Annotated[Optional[str], typer.Option(help="profile to take capacity and unmeasured links from")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     dtype: Annotated[Optional[str], typer.Option(help="fp32 or bf16 (default: fp32 on cpu, bf16 on cuda)")] = None,
@@ -118,6 +124,9 @@ def calibrate(
     """Measure this machine with torch, or fit nccl-tests logs, and write a NEW calibrated hardware profile."""
     from .profile import base_profile_data, build_profile, write_profile
 
+    _check_device_name(device)  # the flags' values first, then the missing --out
+    if out_path is None:
+        raise SimtrainError("--out: required: the calibrated profile YAML to write (a new file)")
     if nccl_tests is not None or more_logs:
         if nccl_tests is None:
             raise SimtrainError(f"unexpected argument {str(more_logs[0])!r}: files are read only after --nccl-tests")

@@ -20,12 +20,13 @@ Conventions (stated once, used everywhere):
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from .errors import SimtrainError, load_yaml_file, validate_model
+from .errors import ConfigWarning, SimtrainError, load_yaml_file, validate_model
 from .hardware_file import ComputeFile, Dtype, InterNodeLinkFile, ProfileFile  # noqa: F401 (Dtype and the file models re-exported)
 
 PROFILE_DIR = Path(str(resources.files("simtrain").joinpath("hardware_profiles")))
@@ -366,11 +367,25 @@ def _name_field(path: Path) -> str | None:
     return data.get("name") if isinstance(data, dict) and isinstance(data.get("name"), str) else None
 
 
+def shadowed(name: str) -> list[Path]:
+    """The user's profiles (``./hardware_profiles/``) that the built-in profile ``name`` hides: a
+    file of that stem or with that ``name:`` field (a name is looked up among the built-ins first)."""
+    return [path for stem, path, built_in in profile_files() if not built_in
+            and (stem == name or _name_field(path) == name)]
+
+
+def shadow_note(path: Path, name: str) -> str:
+    """The warning for a user profile ``path`` hidden by the built-in ``name`` (:func:`shadowed`)."""
+    return (f"{path}: its profile '{name}' is shadowed by the built-in {name}, which a run naming '{name}' "
+            f"takes; give the path {path} (or rename the file and its name: field) to use yours")
+
+
 def resolve_profile_path(name_or_path: str) -> Path:
     """Map a profile name (``h100-sxm``) or a path to a YAML file path.
 
     A name is looked up among the built-ins, then in ``./hardware_profiles/`` by file name, then by
-    the files' ``name:`` field (the name results, errors and the cost model use).
+    the files' ``name:`` field (the name results, errors and the cost model use). A built-in that
+    hides a user's profile of the same name warns (:class:`~simtrain.errors.ConfigWarning`).
 
     Raises:
         SimtrainError: neither a profile name nor an existing file.
@@ -383,6 +398,9 @@ def resolve_profile_path(name_or_path: str) -> Path:
     for folder in (PROFILE_DIR, USER_PROFILE_DIR):
         for suffix in (".yaml", ".yml"):
             if (folder / f"{name_or_path}{suffix}").is_file():
+                if folder == PROFILE_DIR and USER_PROFILE_DIR.is_dir():
+                    for path in shadowed(name_or_path):
+                        warnings.warn(ConfigWarning(shadow_note(path, name_or_path)), stacklevel=2)
                 return folder / f"{name_or_path}{suffix}"
     user = [path for _, path, built_in in profile_files() if not built_in]
     for path in user:  # a user profile by its `name:` field, the name results and errors use

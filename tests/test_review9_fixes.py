@@ -239,3 +239,37 @@ def test_a_collective_of_one_gpu_is_refused(op):
 def test_calibrate_names_a_bad_device_before_the_missing_out():
     one_error(invoke("calibrate", "--device", "tpu"), "--device = 'tpu': choose cpu or cuda")
     one_error(invoke("calibrate"), "--out: required")
+
+
+# ----------------------------------------------------------------------------- 7: minor
+def test_a_config_json_with_a_repeated_key_is_refused(tmp_path):
+    text = (DATA / "hf_configs" / "llama3-70b" / "config.json").read_text()
+    assert '"num_hidden_layers": 80' in text
+    config = tmp_path / "llama" / "config.json"
+    config.parent.mkdir()
+    config.write_text(text.replace('"num_hidden_layers": 80', '"num_hidden_layers": 80, "num_hidden_layers": 8'))
+    one_error(invoke("compare", "--model", config, "--hardware", "h100-sxm", "--json"), "config.json",
+              "field 'num_hidden_layers' is given twice (80 and 8)")
+
+
+def test_a_recompute_module_named_twice_is_refused():
+    one_error(invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--tp", "8", "--schedules", "1f1b",
+                     "--recompute", "norm,swiglu,norm", "--json"),
+              "--recompute = 'norm,swiglu,norm'", "module 'norm' is listed 2 times")
+
+
+def test_a_user_profile_hidden_by_a_built_in_warns(tmp_path):
+    (tmp_path / "hardware_profiles").mkdir()
+    mine = tmp_path / "hardware_profiles" / "mine.yaml"  # its name: field is the built-in's
+    mine.write_text((PROFILE_DIR / "h100-sxm.yaml").read_text())
+    res = invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--tp", "8", "--schedules", "1f1b",
+                 "--json")
+    assert res.exit_code == 0, res.output
+    assert "warning: hardware_profiles/mine.yaml: its profile 'h100-sxm' is shadowed by the built-in h100-sxm" \
+        in res.stderr
+    listed = invoke("profiles")
+    assert listed.exit_code == 0 and "shadowed by the built-in h100-sxm" in listed.stderr
+    mine.write_text(mine.read_text().replace("name: h100-sxm", "name: mine"))
+    quiet = invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--tp", "8", "--schedules", "1f1b",
+                   "--json")
+    assert quiet.exit_code == 0 and "shadowed" not in quiet.stderr

@@ -18,7 +18,7 @@ from ..checks import MAX_TASKS, check_export, check_finite, check_structure
 from ..collective_cli import collective
 from ..errors import SimtrainError
 from ..export import check_output_path, write_output
-from ..hardware import GB, GiB, TFLOPS, load_profile, profile_files
+from ..hardware import GB, GiB, TFLOPS, available_profiles, load_profile, profile_files, shadow_note
 from ..models import available_models, load_model
 from ..scenario import run_schedule
 from ..schedules import REGISTRY, generate
@@ -153,7 +153,9 @@ def profiles(
         table.add_column(col)
     for _, path, built_in in profile_files(paths or []):
         p = load_profile(path)
-        if p.name != path.stem:  # results, errors and the cost model call it by its name: field
+        if not built_in and p.name in available_profiles():
+            err.print(f"warning: {shadow_note(path, p.name)}", markup=False, highlight=False, soft_wrap=True)
+        elif p.name != path.stem:  # results, errors and the cost model call it by its name: field
             err.print(f"warning: {path}: listed as '{p.name}' (its name: field), the name its results and errors "
                       f"use; rename the file {p.name}{path.suffix} or change name: to '{path.stem}' to make them "
                       "agree", markup=False, highlight=False, soft_wrap=True)

@@ -49,14 +49,19 @@ def parse_recompute(spec: str, where: str = "--recompute") -> frozenset[str]:
     ``where`` names the value in a message (the flag, or a scenario file's field).
 
     Raises:
-        SimtrainError: an unknown module name (the message lists the allowed ones).
+        SimtrainError: an unknown module name (the message lists the allowed ones), or one named
+            twice.
     """
     if spec in ("none", "selective", "full"):
         return {"none": frozenset(), "selective": frozenset(ATTENTION_CORE), "full": frozenset({FULL})}[spec]
     if spec == EVERY_SECOND_MM:
         return frozenset({EVERY_SECOND_MM, *_EVERY_SECOND_MM_RERUNS})
     names = set()
-    for item in (x.strip() for x in spec.split(",")):
+    items = [x.strip() for x in spec.split(",")]
+    for item in items:
+        if items.count(item) > 1:
+            raise SimtrainError(f"{where} = {spec!r}: module {item!r} is listed {items.count(item)} times; name "
+                                "each once")
         if item in ALIASES:
             names.update(ALIASES[item])
         elif item in LAYER_OPS:

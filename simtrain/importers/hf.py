@@ -323,11 +323,22 @@ def load_hf_config(path: Path) -> ModelSpec:
     """Read a HuggingFace ``config.json`` file and map it (:func:`model_from_hf_dict`).
 
     Raises:
-        SimtrainError: the file is missing, unreadable or not JSON, or the mapping fails.
+        SimtrainError: the file is missing, unreadable or not JSON, repeats a key (in any
+            object), or the mapping fails.
     """
     text = read_text(path, "a HuggingFace config.json", MAX_YAML_BYTES)
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:  # json keeps the last of a repeated key silently
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise SimtrainError(f"{path}: field {key!r} is given twice ({seen[key]!r} and {value!r}); "
+                                    "keep one (a YAML file refuses this too)")
+            seen[key] = value
+        return seen
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=unique)
     except json.JSONDecodeError as exc:
         raise SimtrainError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     if not isinstance(data, dict):

@@ -59,7 +59,7 @@ def parse_recompute(spec: str, where: str = "--recompute") -> frozenset[str]:
     names = set()
     items = [x.strip() for x in spec.split(",")]
     for item in items:
-        if items.count(item) > 1:
+        if items.count(item) > 1 and (item in ALIASES or item in LAYER_OPS):
             raise SimtrainError(f"{where} = {spec!r}: module {item!r} is listed {items.count(item)} times; name "
                                 "each once")
         if item in ALIASES:

@@ -155,7 +155,7 @@ def profiles(
         p = load_profile(path)
         if not built_in and p.name in available_profiles():
             err.print(f"warning: {shadow_note(path, p.name)}", markup=False, highlight=False, soft_wrap=True)
-        elif p.name != path.stem:  # results, errors and the cost model call it by its name: field
+        if p.name != path.stem:  # results, errors and the cost model call it by its name: field
             err.print(f"warning: {path}: listed as '{p.name}' (its name: field), the name its results and errors "
                       f"use; rename the file {p.name}{path.suffix} or change name: to '{path.stem}' to make them "
                       "agree", markup=False, highlight=False, soft_wrap=True)

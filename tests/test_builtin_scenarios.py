@@ -6,9 +6,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from simtrain.cli import app
+from simtrain.errors import ConfigWarning
 from simtrain.hardware import PROFILE_DIR, resolve_profile_path
 from simtrain.scenario import SCENARIO_DIR, available_scenarios, load_scenario
 
@@ -42,6 +44,7 @@ def test_user_profiles_are_listed_beside_the_builtins_and_found_by_name(tmp_path
         assert name in res.stdout + res.stderr
     assert "lab-mi300x.yaml: listed as 'mi300x' (its name: field)" in res.stderr
     assert resolve_profile_path("my-h100").resolve() == (tmp_path / "hardware_profiles" / "my-h100.yaml").resolve()
-    assert resolve_profile_path("h100-sxm").parent == PROFILE_DIR  # a built-in name stays the built-in
+    with pytest.warns(ConfigWarning, match="my-h100.yaml: its profile 'h100-sxm' is shadowed by the built-in"):
+        assert resolve_profile_path("h100-sxm").parent == PROFILE_DIR  # a built-in name stays the built-in
     res = runner.invoke(app, ["profiles", str(tmp_path / "missing")])
     assert res.exit_code == 2 and "no such profile file or folder" in res.output

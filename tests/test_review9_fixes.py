@@ -273,3 +273,21 @@ def test_a_user_profile_hidden_by_a_built_in_warns(tmp_path):
     quiet = invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--tp", "8", "--schedules", "1f1b",
                    "--json")
     assert quiet.exit_code == 0 and "shadowed" not in quiet.stderr
+
+
+@pytest.mark.parametrize("device_name, profile", [
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"),  # the SXM5 part's name: not the PCIe profile (sorted first)
+    ("NVIDIA H100 PCIe", "h100-pcie"),
+    ("NVIDIA A100-SXM4-80GB", "a100-sxm-80gb"),
+    ("NVIDIA GB200", "gb200-nvl72"),  # not b200, whose name is inside it
+    ("NVIDIA B200", "b200"),
+    ("NVIDIA H800", "h800"),
+    ("NVIDIA RTX 4090", None),
+])
+def test_calibrate_picks_the_shipped_profile_the_cuda_device_is(device_name, profile):
+    """Without --base, calibrate starts from the profile the device name names; an H100 SXM matched
+    h100-pcie (first in sorted order), whose 756 TFLOP/s peak a real SXM measurement exceeds."""
+    from simtrain.calibration.profile import _matching_profile
+    from simtrain.hardware import available_profiles
+
+    assert _matching_profile(device_name, available_profiles()) == profile

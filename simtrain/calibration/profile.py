@@ -45,11 +45,7 @@ def base_profile_data(base: str | None, device: str, device_name: str) -> tuple[
     from ..hardware import available_profiles
 
     if base is None and device == "cuda":
-        wanted = device_name.lower().replace(" ", "")
-        for name in available_profiles():
-            if name.split("-")[0] in wanted:
-                base = name
-                break
+        base = _matching_profile(device_name, available_profiles())
         if base is None:
             raise SimtrainError(
                 f"--base: no shipped profile matches GPU '{device_name}'; pass --base with one of "
@@ -61,6 +57,20 @@ def base_profile_data(base: str | None, device: str, device_name: str) -> tuple[
     data = load_yaml_file(path)
     validate_model(ProfileFile, data, str(path))
     return data, path.stem
+
+
+def _matching_profile(device_name: str, names: list[str]) -> str | None:
+    """The shipped profile ``torch.cuda.get_device_name()`` is: among those whose GPU (the name's
+    first part, ``h100`` of ``h100-sxm``) is in the device name, the longest GPU (``gb200`` before
+    ``b200`` in ``NVIDIA GB200``), then the one with most of its other
+    parts there too (``NVIDIA H100 PCIe`` -> ``h100-pcie``, ``NVIDIA A100-SXM4-80GB`` ->
+    ``a100-sxm-80gb``); on a tie the SXM form factor (``NVIDIA H100 80GB HBM3``, the SXM5 part's
+    name, -> ``h100-sxm``), then the shortest name. None when no GPU matches."""
+    wanted = device_name.lower().replace(" ", "")
+    scored = [(len(name.split("-")[0]), sum(part in wanted for part in name.split("-")[1:]), "sxm" in name,
+               -len(name), name)
+              for name in names if name.split("-")[0] in wanted]
+    return max(scored)[-1] if scored else None
 
 
 def build_profile(meas: dict, base: str | None, quick: bool) -> dict:

@@ -242,26 +242,26 @@ def add_block(
     back_parts = [(t.part.seconds(waves), t.part.nbytes / waves, t.resources, t.part.link) for t in back]
     share = expert_s / waves
     experts, sent, returned = [], [], []
-    to_sent, to_returned = sent.append, returned.append
+
+    def transfers(parts, head: str, deps, into: list) -> None:
+        """One task per transfer of ``parts`` (ids from ``tid`` on), all waiting on ``deps``."""
+        nonlocal tid
+        for seconds, nbytes, resources, link in parts:
+            task = Task(tid, head + link, rank, "comm", "a2a", seconds, deps, None, resources,
+                        stage, microbatch, nbytes, None, NO_DELTAS, NO_DELTAS)
+            append(task)
+            into.append(task)
+            tid += 1
+
     start = tuple(after)  # the dependencies of every transfer to the experts (shared: never changed)
     for i in range(waves):
         tag = f" w{i + 1}/{waves}" if waves > 1 else ""
-        head, first = f"{names[0]} {label}{tag} ", tid
-        for seconds, nbytes, resources, link in out_parts:
-            task = Task(tid, head + link, rank, "comm", "a2a", seconds, start, None, resources,
-                        stage, microbatch, nbytes, None, NO_DELTAS, NO_DELTAS)
-            append(task)
-            to_sent(task)
-            tid += 1
+        first = tid
+        transfers(out_parts, f"{names[0]} {label}{tag} ", start, sent)
         expert = Task(tid, f"experts {label}{tag}", rank, "compute", kind, share,
                       list(range(first, tid)) or list(after), "compute", (), stage, microbatch)
         append(expert)
         experts.append(expert)
-        head, done, tid = f"{names[1]} {label}{tag} ", (tid,), tid + 1
-        for seconds, nbytes, resources, link in back_parts:
-            task = Task(tid, head + link, rank, "comm", "a2a", seconds, done, None, resources,
-                        stage, microbatch, nbytes, None, NO_DELTAS, NO_DELTAS)
-            append(task)
-            to_returned(task)
-            tid += 1
+        tid += 1
+        transfers(back_parts, f"{names[1]} {label}{tag} ", (expert.tid,), returned)
     return experts, sent, returned

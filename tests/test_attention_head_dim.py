@@ -45,7 +45,10 @@ def test_between_head_dims_the_rate_is_linear_in_log2_head_dim_and_clamped_outsi
     ratio = [H100.attention_flops_per_s(8192, hd, kernel="fa3", backward=True) / H100.attention_flops_per_s(8192, hd, kernel="fa3")
              for hd in (128, 256)]
     assert ratio[1] == pytest.approx(ratio[0]) == pytest.approx(559 / 646)
-    # a kind measured at one head dim (B200's FA4, A100 forward at 1k) prices every head dim alike
+    # A100: head dim 64 is the head-dim-128 points times FA2's measured A100 ratio (Dao 2023 Figure 4)
+    a100 = kernel_rates("sm_80")
+    assert a100.attention_flops_per_s(4096, 64) == pytest.approx(156.27 * 156 / 173 * TFLOPS, rel=1e-4)
+    # a kind measured at one head dim (B200's FA4) prices every head dim alike
     b200 = kernel_rates("sm_100")
     assert {b200.attention_flops_per_s(2048, hd) for hd in (64, 128, 256)} == {1172 * TFLOPS}
 

@@ -13,6 +13,7 @@ dense peak.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -72,10 +73,12 @@ def log_interp(points: Points, x: float) -> float:
     return float(np.interp(math.log2(x), [math.log2(s) for s, _ in points], [v for _, v in points]))
 
 
+@functools.lru_cache(maxsize=4096)
 def interp2(curves: Curves, seq_len: float, head_dim: float) -> float:
     """``curves`` at (``seq_len``, ``head_dim``): each measured head dim's points linear in
     log2(seq_len), then linear in log2(head_dim) between the two nearest measured head dims,
-    each clamped to its measured range (module docstring)."""
+    each clamped to its measured range (module docstring). Cached: the planner asks for the same
+    few (kernel, length, head dim) again for every candidate layout."""
     return log_interp(tuple((hd, log_interp(pts, seq_len)) for hd, pts in curves), head_dim)
 
 

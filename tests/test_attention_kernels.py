@@ -8,7 +8,8 @@ import copy
 
 import pytest
 
-from simtrain.costs.kernels import BACKWARD_FLOPS_PER_FORWARD, OP_DATA, kernel_rates, parse_op_data, rates_for
+from simtrain.costs.attention_rates import BACKWARD_FLOPS_PER_FORWARD
+from simtrain.costs.kernels import OP_DATA, kernel_rates, parse_op_data, rates_for
 from simtrain.costs.ops import _Ctx, _attention, ops_runtime, parse_recompute
 from simtrain.errors import SimtrainError, load_yaml_file
 from simtrain.hardware import TFLOPS, load_profile
@@ -41,16 +42,16 @@ def test_cudnn_rates_are_the_fa3_papers_causal_forward_and_measured_backward_rat
     """FA3 paper, H100, head dim 128: cuDNN causal forward 518 TFLOP/s at 4k; backward 499 against a
     non-causal forward of 609 there, so its causal backward is 518 x 499 / 609."""
     r = kernel_rates("sm_90")
-    assert r.attention_flops_per_s(4096, kernel="cudnn") == pytest.approx(518 * TFLOPS)
-    assert r.attention_flops_per_s(4096, kernel="cudnn", backward=True) == pytest.approx(518 * 499 / 609 * TFLOPS)
-    between = r.attention_flops_per_s(3000, kernel="cudnn")  # log-interpolated between 2k and 4k
+    assert r.attention_flops_per_s(4096, 128, kernel="cudnn") == pytest.approx(518 * TFLOPS)
+    assert r.attention_flops_per_s(4096, 128, kernel="cudnn", backward=True) == pytest.approx(518 * 499 / 609 * TFLOPS)
+    between = r.attention_flops_per_s(3000, 128, kernel="cudnn")  # log-interpolated between 2k and 4k
     assert 484 * TFLOPS < between < 518 * TFLOPS
-    assert r.attention_flops_per_s(100_000, kernel="fa3") == pytest.approx(616 * TFLOPS)  # clamped above 16k
-    # FA2's single non-causal Azure point, scaled by the causal ratio, and its scalar backward ratio
-    fa2 = r.attention_flops_per_s(4096, kernel="fa2")
-    assert fa2 == pytest.approx(327.9 * 0.849 * TFLOPS)
-    assert r.attention_flops_per_s(4096, kernel="fa2", backward=True) == pytest.approx(fa2 * 0.863)
-    assert r.attention_flops_per_s(4096) == r.attention_flops_per_s(4096, kernel="cudnn")  # the default
+    assert r.attention_flops_per_s(100_000, 128, kernel="fa3") == pytest.approx(616 * TFLOPS)  # clamped above 16k
+    # FA2: the same paper's FlashAttention-2 curves (causal 319 at 4k; backward 310 against 368)
+    fa2 = r.attention_flops_per_s(4096, 128, kernel="fa2")
+    assert fa2 == pytest.approx(319 * TFLOPS)
+    assert r.attention_flops_per_s(4096, 128, kernel="fa2", backward=True) == pytest.approx(fa2 * 310 / 368)
+    assert r.attention_flops_per_s(4096, 128) == r.attention_flops_per_s(4096, 128, kernel="cudnn")  # the default
 
 
 @pytest.mark.parametrize("kernel", ["fa2", "cudnn", "fa3"])
@@ -59,7 +60,7 @@ def test_attention_backward_is_two_and_a_half_forwards_of_work_at_the_backward_r
     backward TFLOP/s are in that count, so its seconds are 2.5 x work / backward rate."""
     row, r = _attention_row(attention_kernel=kernel)
     fwd_s, bwd_s, w_s = row.seconds
-    ratio = r.attention_flops_per_s(4096, kernel=kernel) / r.attention_flops_per_s(4096, kernel=kernel, backward=True)
+    ratio = r.attention_flops_per_s(4096, 128, kernel=kernel) / r.attention_flops_per_s(4096, 128, kernel=kernel, backward=True)
     assert bwd_s / fwd_s == pytest.approx(BACKWARD_FLOPS_PER_FORWARD * ratio) and w_s == 0
     assert row.flops[1] == 2 * row.flops[0]  # the FLOPs simtrain counts for MFU are unchanged
 
@@ -103,7 +104,7 @@ def test_the_cli_takes_the_flag_and_refuses_it_with_the_flat_model():
 @pytest.mark.parametrize("edit, said", [
     (lambda a: a.update(default="fa3"), "default = 'fa3': must name one of its kernels"),
     (lambda a: a["kernels"].update(flash9=a["kernels"]["fa2"]), "'flash9' is not a fused-attention kernel"),
-    (lambda a: a["kernels"]["fa2"].pop("backward_ratio"), "needs backward (measured pairs) or a backward_ratio"),
+    (lambda a: a["kernels"]["fa2"].pop("backward"), "needs backward (measured pairs) or a backward_ratio"),
     (lambda a: a["kernels"]["cudnn"]["backward"][0].update(backward_tflops=0), "backward_tflops must be > 0"),
 ])
 def test_bad_attention_tables_are_one_error_naming_the_field(edit, said):

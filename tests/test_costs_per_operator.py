@@ -237,8 +237,8 @@ def test_fused_attention_never_beats_the_compute_dtypes_peak_and_mfu_stays_below
     m, h = load_model("llama3-8b"), load_profile("h100-sxm")
     rates = rates_for(h)
     for s in (512, 4096, 16384):
-        assert rates.attention_flops_per_s(s, dtype) <= h.peak_flops[dtype]
-    assert rates.attention_flops_per_s(4096, "fp8") == rates.attention_flops_per_s(4096, "bf16")
+        assert rates.attention_flops_per_s(s, 128, dtype) <= h.peak_flops[dtype]
+    assert rates.attention_flops_per_s(4096, 128, "fp8") == rates.attention_flops_per_s(4096, 128, "bf16")
     p = ParallelConfig(tp=8, microbatches=4, dtype=dtype)
     run = run_schedule("1f1b", m, h, p, runtime=ops_runtime(m, p, h))
     assert 0 < run.report.mfu < 1
@@ -254,8 +254,8 @@ def test_b200_prices_flash_attention_at_its_measured_fused_rate_and_a_kind_witho
 
     m, h = load_model("llama3-8b"), load_profile("b200")
     rates = rates_for(h)
-    assert rates.attention_flops_per_s(4096) == pytest.approx(1431 * TFLOPS)
-    assert rates.attention_flops_per_s(1024) < rates.attention_flops_per_s(4096) <= h.peak_flops["bf16"]
+    assert rates.attention_flops_per_s(4096, 128) == pytest.approx(1431 * TFLOPS)
+    assert rates.attention_flops_per_s(1024, 128) < rates.attention_flops_per_s(4096, 128) <= h.peak_flops["bf16"]
     p = ParallelConfig(pp=2, microbatches=4, seq_len=4096)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ScheduleWarning)

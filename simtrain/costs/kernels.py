@@ -2,8 +2,8 @@
 
 ``op_data.yaml`` (next to this module) holds, per GPU kind, the measured (batch, m, n, k) GEMM
 FLOP/s tables by dtype (or a borrowed kind's shape curve scaled to a measured maximum rate), the
-forward rates by sequence length of each measured fused-attention kernel (FlashAttention-2/3/4,
-cuDNN's) with their backward/forward ratios and the kernel the common framework picks on that GPU
+forward rates by sequence length and head dim of each measured fused-attention kernel
+(FlashAttention-2/3/4, cuDNN's; :mod:`simtrain.costs.attention_rates`) with their backward/forward ratios and the kernel the common framework picks on that GPU
 (``default``), and the achieved HBM bandwidth of memory-bound kernels; every number is cited in
 the file. :func:`rates_for` gives the :class:`KernelRates` of a hardware profile (read and
 validated once per process).
@@ -20,51 +20,9 @@ import numpy as np
 
 from ..errors import SimtrainError, load_yaml_file
 from ..hardware import PROFILE_DIR, TFLOPS, US, HardwareProfile, load_profile
+from .attention_rates import AttentionKernel, build_kernel, check_attention, check_within_peak
 
 OP_DATA = Path(__file__).resolve().parent / "op_data.yaml"
-ATTENTION_KERNELS = ("fa2", "fa3", "fa4", "cudnn")
-"""Fused-attention kernels ``op_data.yaml`` may rate: FlashAttention-2 (Dao 2023), -3 (Shah et al.
-2024, Hopper), -4 (Blackwell) and cuDNN's fused flash attention (Transformer Engine's
-FusedAttention, torch SDPA's ``CUDNN_ATTENTION``)."""
-BACKWARD_FLOPS_PER_FORWARD = 2.5
-"""Backward FLOPs of a fused attention kernel per forward FLOP in FlashAttention's count: five
-matrix products (S and dP recomputed/formed, dV, dQ, dK) against the forward's two
-(flash-attention ``benchmarks/benchmark_flash_attention.py`` and ``hopper/benchmark_attn.py``,
-``flops(mode="bwd") = 2.5 * f``); the backward TFLOP/s of the cited benchmarks are in this count."""
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionKernel:
-    """Measured rates of one fused-attention kernel on one GPU kind, in the 16-bit dtypes.
-
-    Attributes:
-        name: the kernel (:data:`ATTENTION_KERNELS`).
-        forward: (seq_len, causal forward FLOP/s in FlashAttention's count, causal work halved)
-            points, ascending in seq_len.
-        backward_ratio: (seq_len, backward FLOP/s / forward FLOP/s) points, ascending, both in
-            FlashAttention's count (backward = :data:`BACKWARD_FLOPS_PER_FORWARD` x forward FLOPs).
-    """
-
-    name: str
-    forward: tuple[tuple[int, float], ...]
-    backward_ratio: tuple[tuple[int, float], ...]
-
-    def forward_flops_per_s(self, seq_len: int) -> float:
-        """Causal forward FLOP/s at ``seq_len``, linear in log2(seq_len), clamped to the points."""
-        return _log_interp(self.forward, seq_len)
-
-    def backward_flops_per_s(self, seq_len: int) -> float:
-        """Causal backward FLOP/s at ``seq_len`` (FlashAttention's count): the forward rate times
-        the measured backward/forward ratio there (the ratio measured without a causal mask where
-        the source has no causal backward, the same transfer Dao 2023 §4.1's 73 % / 63 % makes)."""
-        return self.forward_flops_per_s(seq_len) * _log_interp(self.backward_ratio, seq_len)
-
-
-def _log_interp(points: tuple[tuple[int, float], ...], seq_len: int) -> float:
-    """``points`` (ascending x, y) at ``seq_len``, linear in log2 x, clamped at both ends."""
-    return float(np.interp(math.log2(seq_len), [math.log2(s) for s, _ in points], [v for _, v in points]))
-
-
 @dataclasses.dataclass(frozen=True)
 class KernelRates:
     """Measured rates of one GPU kind, in SI units (FLOP/s, bytes/s).
@@ -128,11 +86,13 @@ class KernelRates:
                                 f"kernel on GPU kind {self.kind}; measured: {', '.join(sorted(self.attention)) or 'none'}")
         return self.attention[name]
 
-    def attention_flops_per_s(self, seq_len: int, dtype: str = "bf16", kernel: str | None = None,
+    def attention_flops_per_s(self, seq_len: int, head_dim: float, dtype: str = "bf16", kernel: str | None = None,
                               backward: bool = False) -> float:
         """Causal fused-attention FLOP/s (FlashAttention's count: causal work halved, a backward
-        of :data:`BACKWARD_FLOPS_PER_FORWARD` x the forward's FLOPs) of ``kernel`` (None: the
-        kind's default) at ``seq_len``, forward or ``backward``.
+        of :data:`~simtrain.costs.attention_rates.BACKWARD_FLOPS_PER_FORWARD` x the forward's FLOPs) of ``kernel`` (None: the
+        kind's default) at ``seq_len`` queries and ``head_dim`` (the mean of the query/key and
+        value head dims where they differ, MLA), forward or ``backward``; interpolated and clamped
+        as :func:`~simtrain.costs.attention_rates.interp2`.
 
         The tables are measured in 16-bit (FlashAttention-2 runs fp16 and bf16 only: Dao 2023,
         README). In a dtype whose GEMMs are slower (fp32: torch's SDPA then takes its
@@ -144,7 +104,7 @@ class KernelRates:
             SimtrainError: as :meth:`attention_kernel`.
         """
         k = self.attention_kernel(kernel)
-        rate = k.backward_flops_per_s(seq_len) if backward else k.forward_flops_per_s(seq_len)
+        rate = k.backward_flops_per_s(seq_len, head_dim) if backward else k.forward_flops_per_s(seq_len, head_dim)
         if dtype in self.gemm and "bf16" in self.gemm:
             rate *= min(1.0, float(self.gemm[dtype].max() / self.gemm["bf16"].max()))
         return rate
@@ -197,28 +157,8 @@ def parse_op_data(data: dict, source: str = "op_data.yaml") -> dict[str, dict]:
         if gemm.get("mamf_tflops") and "borrow" not in gemm and "bf16" not in gemm.get("tflops", {}):
             raise SimtrainError(f"{source}: kinds.{kind}.gemm.mamf_tflops: scales the kind's bf16 table, "
                                 "which it does not have (give gemm.tflops.bf16 or gemm.borrow)")
-        _check_attention(kind, spec.get("attention", {}), source)
+        check_attention(kind, spec.get("attention", {}), source, data.get("causal_ratio", 1.0))
     return data
-
-
-def _check_attention(kind: str, att: dict, source: str) -> None:
-    """Validate one kind's ``attention:`` section (:func:`parse_op_data`)."""
-    where = f"{source}: kinds.{kind}.attention"
-    kernels = att.get("kernels", {})
-    unknown = sorted(set(kernels) - set(ATTENTION_KERNELS))
-    if unknown:
-        raise SimtrainError(f"{where}.kernels: {unknown[0]!r} is not a fused-attention kernel; "
-                            f"choose from {', '.join(ATTENTION_KERNELS)}")
-    if kernels and att.get("default") not in kernels:
-        raise SimtrainError(f"{where}.default = {att.get('default')!r}: must name one of its kernels "
-                            f"({', '.join(sorted(kernels))})")
-    for name, k in kernels.items():
-        if not k.get("points") or any(p["forward_tflops"] <= 0 or p["seq_len"] <= 0 for p in k["points"]):
-            raise SimtrainError(f"{where}.kernels.{name}.points: one or more, seq_len and forward_tflops > 0")
-        if any(p["forward_tflops"] <= 0 or p["backward_tflops"] <= 0 or p["seq_len"] <= 0 for p in k.get("backward", [])):
-            raise SimtrainError(f"{where}.kernels.{name}.backward: seq_len, forward_tflops and backward_tflops must be > 0")
-        if not k.get("backward") and not (isinstance(k.get("backward_ratio"), (int, float)) and k["backward_ratio"] > 0):
-            raise SimtrainError(f"{where}.kernels.{name}: needs backward (measured pairs) or a backward_ratio > 0")
 
 
 @functools.lru_cache(maxsize=None)
@@ -252,25 +192,11 @@ def kernel_rates(kind: str, path: Path = OP_DATA) -> KernelRates:
     if "bf16" in tables:
         tables.setdefault("fp16", tables["bf16"])
     att = spec.get("attention", {})
-    kernels = {name: _attention_kernel(name, k, data.get("causal_ratio", 1.0)) for name, k in att.get("kernels", {}).items()}
+    kernels = {name: build_kernel(name, k, data.get("causal_ratio", 1.0)) for name, k in att.get("kernels", {}).items()}
     host = data.get("host", {})
     host_s = (host.get("launch_us", 0.0) + host.get("framework_op_us", 0.0)) * US
     return KernelRates(kind, tuple(data["dims"]), tuple(data["batches"]), tables, kernels,
                        att.get("default") if kernels else None, spec.get("hbm_efficiency", 1.0), host_s)
-
-
-def _attention_kernel(name: str, spec: dict, causal_ratio: float) -> AttentionKernel:
-    """One kernel of ``op_data.yaml``'s ``attention.kernels`` in SI units. Its causal forward
-    points where the source has them, else its non-causal ones times ``causal_ratio``; its
-    backward/forward ratio from measured (forward, backward) pairs where given, else the scalar
-    ``backward_ratio``."""
-    causal = [p for p in spec["points"] if p["causal"]]
-    forward = tuple(sorted((p["seq_len"], p["forward_tflops"] * TFLOPS * (1.0 if p["causal"] else causal_ratio))
-                           for p in causal or spec["points"]))
-    pairs = spec.get("backward", [])
-    ratio = tuple(sorted((p["seq_len"], p["backward_tflops"] / p["forward_tflops"]) for p in pairs)) \
-        or ((1, float(spec["backward_ratio"])),)
-    return AttentionKernel(name, forward, ratio)
 
 
 def rates_for(hardware: HardwareProfile) -> KernelRates:
@@ -313,10 +239,17 @@ def _within_peaks(kind: str, peaks: tuple[tuple[str, float], ...]) -> KernelRate
     peak of 1978.9 (NVIDIA H100 datasheet; 3958 is the 2:4-sparse figure), and its ``f32`` entries
     403 TFLOP/s, a TF32 rate, above the FP32 peak of 67 (PyTorch runs fp32 matmuls without TF32
     by default, ``torch.backends.cuda.matmul.allow_tf32 = False``). Entries within the peak are
-    unchanged; dtypes the profile lists no peak for are left as measured.
+    unchanged; dtypes the profile lists no peak for are left as measured. A fused-attention
+    rate above the bf16 peak is refused instead (:func:`check_within_peak`): its tables are
+    measured points, not a sweep with noise.
+
+    Raises:
+        SimtrainError: an attention rate above the profile's dense bf16 peak.
     """
     rates = kernel_rates(kind)
     peak = dict(peaks)
+    for k in rates.attention.values() if "bf16" in peak else ():
+        check_within_peak(kind, k, peak["bf16"])
     gemm = {d: np.minimum(t, peak[d]) if d in peak else t for d, t in rates.gemm.items()}
     return dataclasses.replace(rates, gemm=gemm)
 

@@ -18,7 +18,8 @@ and the fp32 softmax cross-entropy) costs, in each pass, a roofline
 * Attention with a fused kernel (``flash``): the causal work (half the ``4 s d`` FLOPs per token
   and head that simtrain counts) at the measured forward rate of the run's kernel
   (``parallel.attention_kernel``, else the GPU kind's default: FlashAttention-2/3/4 or cuDNN's,
-  :mod:`simtrain.costs.kernels`) for the sequence length (log-interpolated, clamped), the
+  :mod:`simtrain.costs.attention_rates`) for the sequence length and head dim (the mean of the
+  query/key and value head dims, MLA's 192 and 128 -> 160; log-interpolated, clamped), the
   backward 2.5x the forward's work (five matrix products against two: Dao 2023 §3.1;
   flash-attention's benchmark count) at the kernel's measured backward rate. Without one (``unfused``, Megatron-LM 2021 / BLOOM): Q·Kᵀ and P·V as batched
   GEMMs of the GEMM table, plus the materialised ``a s`` scores per token through the fused
@@ -50,7 +51,8 @@ from ..schedules.ir import ScheduleWarning
 from .context import cp_declaration
 from .eager import eager_factors  # noqa: F401 (re-exported)
 from .fp8 import fp8_cast
-from .kernels import BACKWARD_FLOPS_PER_FORWARD, KernelRates, rates_for
+from .attention_rates import BACKWARD_FLOPS_PER_FORWARD
+from .kernels import KernelRates, rates_for
 from .launch import KERNELS, OWN_KERNELS, _kernels, _launch  # noqa: F401 (KERNELS re-exported)
 from .layers import linear_layers
 from .moe_ops import ATTENTION_FFN, check_moe, moe_chunk, moe_layer_ops
@@ -172,9 +174,9 @@ def _attention(ctx: _Ctx) -> list[OpCost]:
     counted = ctx.tokens * heads * (2 * s * dq + 2 * s * dv)  # simtrain's F count (non-causal)
     if ctx.attention == "flash" and ctx.rates.attention:
         kernel, s_q, dtype = ctx.parallel.attention_kernel, ctx.query_len, ctx.parallel.dtype
-        work = counted / 2  # causal: half the score matrix
-        secs = (work / ctx.rates.attention_flops_per_s(s_q, dtype, kernel),
-                BACKWARD_FLOPS_PER_FORWARD * work / ctx.rates.attention_flops_per_s(s_q, dtype, kernel, backward=True),
+        work, hd = counted / 2, (dq + dv) / 2  # causal: half the score matrix; MLA: the mean head dim
+        secs = (work / ctx.rates.attention_flops_per_s(s_q, hd, dtype, kernel),
+                BACKWARD_FLOPS_PER_FORWARD * work / ctx.rates.attention_flops_per_s(s_q, hd, dtype, kernel, backward=True),
                 0.0)
         return [OpCost("attention", (counted, 2 * counted, 0.0), (0.0, 0.0, 0.0), secs, "compute")]
     ops = []

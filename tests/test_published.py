@@ -302,3 +302,29 @@ def test_torchtitan_h100_figures_run_on_their_gpus_and_keep_the_tables_orderings
     one, interleaved = (rows[f"T5 405B, 512 GPUs, FSDP 8 TP 8 PP 8, {s}"] for s in ("1F1B", "Interleaved 1F1B"))
     for a, b in ((tp, async_tp), (one, interleaved)):
         assert a.predicted < b.predicted and a.published < b.published
+
+
+def test_the_2021_megatron_and_mlperf_gpt3_rows_run_their_sources_layouts():
+    """Narayanan et al. 2021 Table 1 / Table 2 rows and the MLPerf v3.1 GPT-3 rows: each figure's
+    TP x PP x DP is the GPU count its label names, and every interleaved figure passes Megatron's
+    own checks (microbatches divisible by PP, training.py; whole layers per model chunk), with
+    the one chunk count whole layers allow for the 2021 rows (chunks = layers per rank)."""
+    import re
+
+    from simtrain.published import _model_of, _parallel_of
+
+    names = ["megatron-table1-rest", "megatron-2021-table2-530b", "mlperf-v3.1-gpt3-175b-h100"]
+    suite = {c.name: c for c in load_suite().cases}
+    interleaved = 0
+    for name in names:
+        for fig in suite[name].figures:
+            gpus = int(re.search(r"(\d+) GPUs", fig.label).group(1))
+            p, model = _parallel_of(suite[name], fig, fig.label), _model_of(suite[name], fig, fig.label)
+            assert p.tp * p.pp * p.cp * p.dp == gpus, fig.label
+            if (fig.schedule or suite[name].schedule) == "interleaved-1f1b":
+                interleaved += 1
+                assert p.vp > 1 and p.microbatches % p.pp == 0, fig.label
+                assert model.num_layers % (p.pp * p.vp) == 0, fig.label
+                if name != "mlperf-v3.1-gpt3-175b-h100":
+                    assert model.num_layers == p.pp * p.vp, fig.label  # one layer a chunk
+    assert interleaved == 8

@@ -1,7 +1,8 @@
 """Speed of the simulator on a fixed set of configurations (issue: a DeepSeek-V3 step in under a
 second, a dense step in half a second including start-up).
 
-Run: ``.venv/bin/python benchmarks/bench_speed.py [--repeat 3] [--cases NAME,...]``.
+Run: ``.venv/bin/python benchmarks/bench_speed.py [--repeat 3] [--cases NAME,...] [--fit-repeat 11]``
+(``--cases ""``: the cost-exponent fit alone; ``--no-fit``: without it).
 
 For each configuration it prints tasks, SimPy events, wall and CPU seconds (whole step, and the
 cost / lower / engine / metrics split), tasks per CPU second through the engine, peak RSS, and
@@ -11,12 +12,14 @@ slope of log CPU seconds (costs, lowering, engine, metrics; no start-up) against
 for dense 1F1B (Llama 3 70B, TP8 DP4) at m = 64, 128, 256 (p = 16) and p = 4, 8, 16 (m = 256),
 sizes at which the step's fixed costs (the costs, the optimizer, a run's set-up: ~5 ms) are a
 few per cent, not a third as at m = 32. Each axis runs in one child process (:func:`fit_axis`)
-that runs its three sizes in turn ``--fit-repeat`` times after one untimed warm-up, with the
-garbage collector collected before each run, and keeps each size's least CPU time: a load change
-on the shared machine then hits every size alike instead of whichever size ran at that moment,
-and no size pays a fresh process's first-touch costs that another does not. It prints the
-exponent of the whole run and of each part, of the tasks, and of the CPU time per task (a
-simulator linear in tasks has 0 there). Every other in-process case runs in its
+that runs its three sizes in turn (smallest or largest first, alternately) ``--fit-repeat`` times
+after one untimed warm-up, collecting garbage before each run, and keeps each size's least CPU
+time: a load change on the shared machine then hits every size alike instead of whichever size
+ran at that moment, and no size pays a fresh process's first-touch costs that another does not.
+It prints the exponent of the whole run and of each part, of the tasks, and of the CPU time per
+task (a simulator linear in tasks has 0 there). The tasks themselves grow faster than p (1.047
+from p = 4 to 16): a step has 2 (p - 1) m p2p sends beside its 2 p m actions and their TP
+collectives. Every other in-process case runs in its
 own child process (clean RSS); the ``e2e`` cases time a whole ``simtrain compare ... --json``
 from process start to JSON, with Python's bytecode cache as an installed package has it (pip
 compiles it at install time): each runs once untimed first, with ``PYTHONDONTWRITEBYTECODE``
@@ -167,17 +170,18 @@ def run_one(case: str, coarsen: int = 1) -> dict:
 
 def fit_axis(axis: str, repeat: int) -> dict[int, dict]:
     """The best (least CPU) measurements of each size of ``FIT[axis]``, run in this process: one
-    untimed warm-up run of the smallest size, then ``repeat`` rounds that run every size in turn,
-    each run after ``gc.collect()`` (a run pauses the collector itself, :func:`simtrain.engine.gc_paused`)."""
+    untimed warm-up run of the smallest size, then ``repeat`` rounds that run every size in turn
+    (smallest first, then largest first, alternately), each run after ``gc.collect()`` (a run
+    pauses the collector itself, :func:`simtrain.engine.gc_paused`)."""
     import gc
 
     series = FIT[axis]
     _measure(series[min(series)])
     best: dict[int, dict] = {}
-    for _ in range(repeat):
-        for size, spec in series.items():
+    for round_ in range(repeat):
+        for size in sorted(series, reverse=bool(round_ % 2)):  # every other round largest first
             gc.collect()
-            run = _measure(spec)
+            run = _measure(series[size])
             if size not in best or run["cpu_s"] < best[size]["cpu_s"]:
                 best[size] = run
     return best
@@ -311,7 +315,7 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join([*CASES, *E2E]))
     ap.add_argument("--no-fit", action="store_true", help="skip the cost-exponent fit")
     ap.add_argument("--coarsen", default="", help="also run the DeepSeek-V3 cases with these moe_coarsen values, e.g. 2,4")
-    ap.add_argument("--fit-repeat", type=int, default=7, help="rounds of the cost-exponent fit (least CPU kept)")
+    ap.add_argument("--fit-repeat", type=int, default=11, help="rounds of the cost-exponent fit (least CPU kept)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--fit", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -1,14 +1,25 @@
 """Speed of the simulator on a fixed set of configurations (issue: a DeepSeek-V3 step in under a
 second, a dense step in half a second including start-up).
 
-Run: ``.venv/bin/python benchmarks/bench_speed.py [--repeat 3] [--cases NAME,...]``.
+Run: ``.venv/bin/python benchmarks/bench_speed.py [--repeat 3] [--cases NAME,...] [--fit-repeat 11]``
+(``--cases ""``: the cost-exponent fit alone; ``--no-fit``: without it).
 
 For each configuration it prints tasks, SimPy events, wall and CPU seconds (whole step, and the
 cost / lower / engine / metrics split), tasks per CPU second through the engine, peak RSS, and
 the CPU time as a ratio to a fixed pure-Python reference workload timed in the same run (these
 machines are shared and noisy: compare ratios, not seconds). It then fits the cost exponent: the
 slope of log CPU seconds (costs, lowering, engine, metrics; no start-up) against log m and log p
-for dense 1F1B (Llama 3 70B, TP8 DP4) at m = 32, 64, 128 (p = 16) and p = 4, 8, 16 (m = 128). Every in-process case runs in its
+for dense 1F1B (Llama 3 70B, TP8 DP4) at m = 64, 128, 256 (p = 16) and p = 4, 8, 16 (m = 256),
+sizes at which the step's fixed costs (the costs, the optimizer, a run's set-up: ~5 ms) are a
+few per cent, not a third as at m = 32. Each axis runs in one child process (:func:`fit_axis`)
+that runs its three sizes in turn (smallest or largest first, alternately) ``--fit-repeat`` times
+after one untimed warm-up, collecting garbage before each run, and keeps each size's least CPU
+time: a load change on the shared machine then hits every size alike instead of whichever size
+ran at that moment, and no size pays a fresh process's first-touch costs that another does not.
+It prints the exponent of the whole run and of each part, of the tasks, and of the CPU time per
+task (a simulator linear in tasks has 0 there). The tasks themselves grow faster than p (1.047
+from p = 4 to 16): a step has 2 (p - 1) m p2p sends beside its 2 p m actions and their TP
+collectives. Every other in-process case runs in its
 own child process (clean RSS); the ``e2e`` cases time a whole ``simtrain compare ... --json``
 from process start to JSON, with Python's bytecode cache as an installed package has it (pip
 compiles it at install time): each runs once untimed first, with ``PYTHONDONTWRITEBYTECODE``
@@ -50,12 +61,10 @@ CASES = {
     "dsv3-dualpipe-waved-m128": ("scenario", "", "dualpipe+waved-ep", dict(microbatches=128)),
 }
 FIT = {
-    # the cost exponent: dense 1F1B (Llama 3 70B, TP8 DP4, it fits from p = 4) over m at p = 16 and over p at m = 128
-    "m": {m: ("llama3-70b", "h100-sxm", "1f1b", dict(pp=16, tp=8, dp=4, microbatches=m)) for m in (32, 64, 128)},
-    "p": {p: ("llama3-70b", "h100-sxm", "1f1b", dict(pp=p, tp=8, dp=4, microbatches=128)) for p in (4, 8, 16)},
+    # the cost exponent: dense 1F1B (Llama 3 70B, TP8 DP4, it fits from p = 4) over m at p = 16 and over p at m = 256
+    "m": {m: ("llama3-70b", "h100-sxm", "1f1b", dict(pp=16, tp=8, dp=4, microbatches=m)) for m in (64, 128, 256)},
+    "p": {p: ("llama3-70b", "h100-sxm", "1f1b", dict(pp=p, tp=8, dp=4, microbatches=256)) for p in (4, 8, 16)},
 }
-for axis, series in FIT.items():
-    CASES.update({f"fit-70b-1f1b-{axis}{v}": case for v, case in series.items()})
 LLAMA70B_E2E = ["compare", "--model", "llama3-70b", "--hardware", "h100-sxm", "--tp", "8", "--pp", "8", "--dp", "4",
                 "--microbatches", "32", "--schedules", "1f1b", "--json"]
 E2E = {
@@ -98,17 +107,34 @@ def _timed(module, name: str, split: dict[str, float]) -> None:
     setattr(module, name, wrapper)
 
 
-def run_one(case: str, coarsen: int = 1) -> dict:
-    """Run one in-process case (in this process, with ``parallel.moe_coarsen = coarsen``) and
-    return its measurements."""
-    t_import = time.process_time()
+_SPLIT: dict[str, float] = {}
+"""CPU seconds of each timed part (``stage_costs``, ``lower``, ``simulate``, ``compute_report``) of
+the run in progress, added up by the wrappers :func:`_instrument` installs."""
+
+
+def _instrument():
+    """Import :mod:`simtrain.scenario` and wrap its parts so that they add up in :data:`_SPLIT`
+    (once per process); returns the module."""
     import simtrain.scenario as scenario
+
+    if not getattr(scenario, "_bench_speed_timed", False):
+        for name in ("stage_costs", "lower", "simulate", "compute_report"):
+            if hasattr(scenario, name):
+                _timed(scenario, name, _SPLIT)
+        scenario._bench_speed_timed = True
+    return scenario
+
+
+def _measure(spec: tuple, coarsen: int = 1) -> dict:
+    """Run one configuration ``(model, hardware, schedule, parallel overrides)`` of :data:`CASES`
+    in this process (with ``parallel.moe_coarsen = coarsen``) and return its measurements; the
+    run's objects are freed when it returns."""
+    scenario = _instrument()
     from simtrain.hardware import load_profile
     from simtrain.models import load_model
     from simtrain.parallel import ParallelConfig
 
-    import_s = time.process_time() - t_import
-    model_name, hw_name, schedule, overrides = CASES[case]
+    model_name, hw_name, schedule, overrides = spec
     if model_name == "scenario":
         sc = scenario.load_scenario(DEEPSEEK)
         model, hw = load_model(sc.model), load_profile(sc.hardware)
@@ -116,21 +142,49 @@ def run_one(case: str, coarsen: int = 1) -> dict:
     else:
         model, hw = load_model(model_name), load_profile(hw_name)
         parallel = ParallelConfig(**overrides)
-    split: dict[str, float] = {}
-    for name in ("stage_costs", "lower", "simulate", "compute_report"):
-        if hasattr(scenario, name):
-            _timed(scenario, name, split)
+    _SPLIT.clear()
     w0, c0 = time.perf_counter(), time.process_time()
     run = scenario.run_schedule(schedule, model, hw, parallel)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     tasks = run.result.events
-    engine = split.get("simulate", float("nan"))
+    engine = _SPLIT.get("simulate", float("nan"))
     return {
-        "case": case, "step_time_s": run.report.step_time_s, "tasks": tasks, "simpy_events": getattr(run.result, "simpy_events", None),
-        "wall_s": wall, "cpu_s": cpu, "import_cpu_s": import_s,
-        "split_cpu_s": split, "engine_tasks_per_cpu_s": tasks / engine if engine else None,
+        "step_time_s": run.report.step_time_s, "tasks": tasks, "simpy_events": getattr(run.result, "simpy_events", None),
+        "wall_s": wall, "cpu_s": cpu, "split_cpu_s": dict(_SPLIT),
+        "engine_tasks_per_cpu_s": tasks / engine if engine else None,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def run_one(case: str, coarsen: int = 1) -> dict:
+    """Run one in-process case of :data:`CASES` (in this process, a fresh one, with
+    ``parallel.moe_coarsen = coarsen``) and return its measurements, with the CPU seconds of
+    importing simtrain's simulation path."""
+    t_import = time.process_time()
+    _instrument()
+    import simtrain.hardware, simtrain.models, simtrain.parallel  # noqa: F401, E401
+
+    import_s = time.process_time() - t_import
+    return {"case": case, **_measure(CASES[case], coarsen), "import_cpu_s": import_s}
+
+
+def fit_axis(axis: str, repeat: int) -> dict[int, dict]:
+    """The best (least CPU) measurements of each size of ``FIT[axis]``, run in this process: one
+    untimed warm-up run of the smallest size, then ``repeat`` rounds that run every size in turn
+    (smallest first, then largest first, alternately), each run after ``gc.collect()`` (a run
+    pauses the collector itself, :func:`simtrain.engine.gc_paused`)."""
+    import gc
+
+    series = FIT[axis]
+    _measure(series[min(series)])
+    best: dict[int, dict] = {}
+    for round_ in range(repeat):
+        for size in sorted(series, reverse=bool(round_ % 2)):  # every other round largest first
+            gc.collect()
+            run = _measure(series[size])
+            if size not in best or run["cpu_s"] < best[size]["cpu_s"]:
+                best[size] = run
+    return best
 
 
 _PYC = tempfile.TemporaryDirectory(prefix="bench-speed-pyc-")
@@ -219,6 +273,28 @@ def cost_exponent(sizes: list[float], cpu_s: list[float]) -> float:
     return float(np.polyfit(np.log(sizes), np.log(cpu_s), 1)[0])
 
 
+def _fit_child(axis: str, repeat: int) -> dict[int, dict]:
+    """:func:`fit_axis` of ``axis`` in a fresh child process."""
+    out = subprocess.run([sys.executable, __file__, "--fit", axis, "--fit-repeat", str(repeat)],
+                         capture_output=True, text=True, cwd=ROOT, check=True)
+    return {int(size): run for size, run in json.loads(out.stdout).items()}
+
+
+def _show_fit(axis: str, best: dict[int, dict]) -> None:
+    """Print the cost exponents of one axis: the whole run's CPU, each part's, the tasks', and
+    the CPU per task's."""
+    sizes = sorted(best)
+    runs = [best[v] for v in sizes]
+    cpu, tasks = [r["cpu_s"] for r in runs], [r["tasks"] for r in runs]
+    parts = " ".join(f"{name} {cost_exponent(sizes, [r['split_cpu_s'][name] for r in runs]):.3f}"
+                     for name in runs[0]["split_cpu_s"])
+    per_task = [c / t for c, t in zip(cpu, tasks)]
+    print(f"cost exponent in {axis} (dense 1F1B, {axis} = {sizes}): {cost_exponent(sizes, cpu):.3f} "
+          f"[{parts}]; tasks {cost_exponent(sizes, tasks):.3f}; CPU per task {cost_exponent(sizes, per_task):+.3f}  "
+          f"(CPU s {', '.join(f'{c:.3f}' for c in cpu)}; tasks {', '.join(map(str, tasks))}; "
+          f"us per task {', '.join(f'{1e6 * x:.2f}' for x in per_task)})", flush=True)
+
+
 def _show(label: str, best: dict, ref: float, exact_step_s: float | None = None) -> None:
     """Print one case's line (with its step time's error against ``exact_step_s`` if given)."""
     extra = ""
@@ -239,31 +315,27 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join([*CASES, *E2E]))
     ap.add_argument("--no-fit", action="store_true", help="skip the cost-exponent fit")
     ap.add_argument("--coarsen", default="", help="also run the DeepSeek-V3 cases with these moe_coarsen values, e.g. 2,4")
+    ap.add_argument("--fit-repeat", type=int, default=11, help="rounds of the cost-exponent fit (least CPU kept)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--fit", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         print(json.dumps(run_one(args.one, int(args.coarsen or 1))))
         return
+    if args.fit:
+        print(json.dumps(fit_axis(args.fit, args.fit_repeat)))
+        return
     ref = min(reference_workload() for _ in range(args.repeat))
     print(f"reference workload: {ref:.3f} CPU s (min of {args.repeat}); ratios below are CPU s / reference")
-    measured = {}
     coarsen = [int(k) for k in args.coarsen.split(",") if k]
-    for case in args.cases.split(","):
-        measured[case] = best = _best(case, args.repeat)
+    for case in [c for c in args.cases.split(",") if c]:  # (--cases "": the fit alone)
+        best = _best(case, args.repeat)
         _show(case, best, ref)
         for k in coarsen if "dsv3" in case else ():
             _show(f"{case} coarsen {k}", _best(case, args.repeat, k), ref, best["step_time_s"])
     if not args.no_fit:
-        for axis, series in FIT.items():
-            sizes = list(series)
-            runs = [measured.get(f"fit-70b-1f1b-{axis}{v}") or _best(f"fit-70b-1f1b-{axis}{v}", args.repeat)
-                    for v in sizes]
-            cpu = [r["cpu_s"] for r in runs]
-            tasks = cost_exponent(sizes, [r["tasks"] for r in runs])
-            print(f"cost exponent in {axis} (dense 1F1B, {axis} = {sizes}): {cost_exponent(sizes, cpu):.3f}, "
-                  f"tasks grow with exponent {tasks:.3f}  "
-                  f"(CPU s {', '.join(f'{c:.3f}' for c in cpu)}; tasks {', '.join(str(r['tasks']) for r in runs)})",
-                  flush=True)
+        for axis in FIT:
+            _show_fit(axis, _fit_child(axis, args.fit_repeat))
     peer = torch_peer()
     if peer:
         print(f"{peer['case']:30s} cpu {peer['cpu_s']:7.3f} s (x{peer['cpu_s'] / ref:6.2f} ref), "

@@ -202,42 +202,23 @@ class _Run:
                 else:
                     dep_waiters.append(tid)
 
-    def _waits(self, tid: int, deps: list[int]) -> bool:
-        """Make task ``tid`` wait for those of ``deps`` whose end is not processed yet; returns
-        whether there is any."""
-        waiters, left = self.waiters, 0
-        for d in deps:
-            dep_waiters = waiters[d]
-            if dep_waiters is not None:
-                left += 1
-                if dep_waiters is _NOBODY:
-                    waiters[d] = [tid]
-                else:
-                    dep_waiters.append(tid)
-        if left:
-            self.pending[tid] = left
-        return left > 0
-
     def run(self) -> None:
-        """Run the queued steps (those :meth:`begin` queued) until nothing is left: the
-        steps due now are drained before the next SimPy event (nothing scheduled meanwhile is due
-        now); a step that makes another due at once, with nothing queued before, runs it at once."""
+        """Run the steps :meth:`begin` queued until none is left: those due now are drained before the next
+        SimPy event (none scheduled meanwhile is due now); one that makes another due at once, with
+        nothing queued before, runs it at once."""
         clock, fifo, tasks, ports, pools = self.clock, self.fifo, self.tasks, self.ports, self.pools
-        env, queue, eid = clock.env, clock.queue, clock.eid
-        popleft, push = fifo.popleft, fifo.append
-        waiters, pending, nexts, waits = self.waiters, self.pending, self.next_in_stream, self._waits
+        env, queue, eid, popleft, push, now = clock.env, clock.queue, clock.eid, fifo.popleft, fifo.append, 0.0
+        waiters, pending, nexts, nobody = self.waiters, self.pending, self.next_in_stream, _NOBODY
         start_s, end_s, ended, mem_log = self.start_s, self.end_s, self.order.append, self.mem_log.append
         busy, wait, release, queues, callbacks = ports.busy, ports.wait, ports.release, ports.queues, clock.callbacks
         BEGIN, TAKE, START, FINISH, ENDED, normal = STEP_BEGIN, STEP_TAKE, STEP_START, STEP_FINISH, STEP_ENDED, NORMAL
-        now = 0.0
         while True:
             if fifo:
                 code, tid = popleft()
             else:  # the next SimPy event (nothing is due before it), and any due at the same time
                 if not queue:
                     break
-                # what Environment.step does but call back (the environment's time is set where read)
-                now, _, _, event = heappop(queue)
+                now, _, _, event = heappop(queue)  # Environment.step but its callbacks (env time set where read)
                 code, tid = event.step  # its step now, the steps of the others due now queued after it
                 while queue and queue[0][0] == now:
                     push(heappop(queue)[3].step)
@@ -267,10 +248,20 @@ class _Run:
                         continue
                     push((ENDED, tid))
                     code, tid = BEGIN, following
-                if code == BEGIN:  # wait for the dependencies
-                    deps = tasks[tid].deps
+                if code == BEGIN:  # wait for those dependencies whose end is not processed yet (inline:
+                    deps = tasks[tid].deps  # one Python call less per task than a helper, ~4 % of the run)
                     if deps:
-                        if waits(tid, deps):
+                        left = 0
+                        for d in deps:
+                            dep_waiters = waiters[d]
+                            if dep_waiters is not None:
+                                left += 1
+                                if dep_waiters is nobody:
+                                    waiters[d] = [tid]
+                                else:
+                                    dep_waiters.append(tid)
+                        if left:
+                            pending[tid] = left
                             break
                         if fifo:  # (with nothing queued the step would be the next one: run it now)
                             push((TAKE, tid))

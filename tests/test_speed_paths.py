@@ -1,9 +1,10 @@
 """The fast paths of the lowering, trace, metrics and CLI give what the plain ones give: the two-sort
 interval order is lexsort's, trace columns built on demand equal the eager ones (and their kept
 masks the comparisons), a graph kept until the next run changes no report, a bulk-built
-transfer's shared empty memory deltas never take a delta, the lazy console answers "not a
-terminal" without making rich's console, and the console-script entry ends the process with the
-command's output, status and atexit handlers."""
+transfer's shared empty memory deltas never take a delta, an action (a named tuple) hashes, sorts
+and prints as the dataclass it replaced, p2p finds each microbatch's path from one table, the lazy
+console answers "not a terminal" without making rich's console, and the console-script entry ends
+the process with the command's output, status and atexit handlers."""
 
 from __future__ import annotations
 
@@ -17,9 +18,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simtrain.cli.app import LazyConsole
+from simtrain.costs import stage_costs
 from simtrain.engine import Task
+from simtrain.hardware import load_profile
+from simtrain.lowering import lower
 from simtrain.lowering.items import NO_DELTAS, add_delta
 from simtrain.metrics import _by_owner_then_start
+from simtrain.models import load_model
+from simtrain.network import Topology
+from simtrain.parallel import ParallelConfig
+from simtrain.schedules import generate
+from simtrain.schedules.ir import Action, parse_action
 from simtrain.trace import TRACE_COLUMNS, Trace
 
 SMALL = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "2", "--microbatches", "4", "--schedules", "1f1b"]
@@ -157,3 +166,44 @@ def test_an_output_that_cannot_be_written_is_one_error_line_not_a_traceback():
             res = subprocess.run([sys.executable, "-c", code, *args], stdout=full, stderr=subprocess.PIPE, text=True)
         assert res.returncode == 1
         assert res.stderr == "error: the output could not be written: [Errno 28] No space left on device\natexit ran\n"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from("FBIW"), st.integers(0, 300)), max_size=30))
+def test_an_action_hashes_orders_and_prints_as_the_frozen_dataclass_it_replaced(fields):
+    """Action is a named tuple (hash and equality in C) with the frozen dataclass's behaviour: its
+    hash is the hash of its fields' tuple (what the dataclass's ``__hash__`` returned, so sets and
+    dicts of actions iterate in the order they did), it sorts by (stage, kind, microbatch), prints
+    and reprs as before, and cannot be changed."""
+    actions = [Action(*f) for f in fields]
+    assert [hash(a) for a in actions] == [hash(f) for f in fields]
+    assert list(dict.fromkeys(actions)) == [Action(*f) for f in dict.fromkeys(fields)]
+    assert sorted(actions) == [Action(*f) for f in sorted(fields)]
+    for a, (stage, kind, mb) in zip(actions, fields):
+        assert str(a) == f"{stage}{kind}{mb}" and parse_action(str(a)) == a and a.parts == (a,)
+        assert repr(a) == f"Action(stage={stage}, kind={kind!r}, microbatch={mb})"
+        with pytest.raises(AttributeError):
+            a.stage = stage + 1
+
+
+def test_p2p_follows_each_microbatchs_own_path():
+    """add_p2p finds an action's place on its microbatch's path from a table built once per
+    microbatch: on DualPipe (two directions) every forward after the first of its path waits for
+    the transfer from the stage before it on that path, and every backward but the last for the
+    one from the stage after it."""
+    parallel = ParallelConfig(pp=4, tp=1, dp=1, microbatches=8)
+    hw = load_profile("h100-sxm")
+    schedule = generate("dualpipe", 4, 8, 1)
+    graph = lower(schedule, stage_costs(load_model("llama3-8b"), parallel, hw, schedule.num_chunks),
+                  Topology(hw, parallel))
+    by_name = {t.name: t for t in graph.tasks}
+    checked = 0
+    for mb in range(8):
+        path = schedule.path(mb)
+        for i in range(1, len(path)):
+            a, b = Action(path[i - 1], "F", mb), Action(path[i], "F", mb)
+            send = by_name[f"p2p {a} -> {b}"]
+            assert send.rank == schedule.stage_to_rank[a.stage] and send.peer == schedule.stage_to_rank[b.stage]
+            assert any(send.tid in t.deps for t in graph.tasks if t.stage == b.stage and t.microbatch == mb)
+            checked += 1
+    assert checked == 8 * 3 and len({schedule.path(mb) for mb in range(8)}) == 2

@@ -62,9 +62,16 @@ def add_p2p(low: Lowering) -> None:
         )
         first[consumer].deps.append(send.tid)
 
+    paths: dict[int, tuple[tuple[int, ...], dict[int, int]]] = {}  # microbatch -> path, stage -> its first index
     for a in list(first):
-        path = schedule.path(a.microbatch)
-        i = path.index(a.stage)
+        if a.microbatch not in paths:  # (one pass per microbatch, not a scan of its path per action)
+            path = schedule.path(a.microbatch)
+            position: dict[int, int] = {}
+            for i, stage in enumerate(path):
+                position.setdefault(stage, i)
+            paths[a.microbatch] = path, position
+        path, position = paths[a.microbatch]
+        i = position[a.stage]
         if a.kind == "F" and i > 0:
             connect(Action(path[i - 1], "F", a.microbatch), a, low.chunk[path[i - 1]].p2p_bytes)
         elif a.kind in ("B", "I"):

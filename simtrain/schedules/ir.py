@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Union
+from typing import NamedTuple, Union
 
 from ..errors import SimtrainError
 from ..parallel import flag_name
@@ -84,10 +84,15 @@ class SettingsWarning(_OnSettings, ScheduleWarning):
     :class:`_OnSettings`."""
 
 
-@dataclass(frozen=True, order=True)
-class Action:
+class Action(NamedTuple):
     """One compute action: ``stage`` (global index), ``kind`` (an :class:`ActionKind` letter:
-    F, B, I or W), ``microbatch``."""
+    F, B, I or W), ``microbatch``.
+
+    A named tuple (immutable, ordered by stage, kind, microbatch, with the repr
+    ``Action(stage=0, kind='F', microbatch=1)``): the lowering keys its tables by action, ~5
+    hashes and a comparison per task, which a tuple does in C. Its hash is the one a frozen
+    dataclass of these fields has (the hash of the tuple of its fields), so sets and dicts of
+    actions keep their order."""
 
     stage: int
     kind: str
@@ -243,7 +248,7 @@ class Schedule:
                     f"schedule '{self.name}': rank {where[a]} runs action {a} {n} times (once allowed)"
                 )
         for mb in range(self.num_microbatches):
-            path = self.path(mb)
+            path = set(self.path(mb))  # (a set: one look-up per stage, not a scan of the path)
             for stage in range(self.num_stages):
                 acts = {k: Action(stage, k, mb) in seen for k in KINDS}
                 rank = self.stage_to_rank[stage]

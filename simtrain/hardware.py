@@ -124,6 +124,8 @@ class HardwareProfile:
             without a calibrated rate.
         overlap_compute_factor: compute time of an overlapped F&B pair / (F + B) (units-free).
         overlap_sends: ``"per_half"`` or ``"after_pair"``: when a pair's p2p sends leave.
+        overlap_tp: ``"blocking"`` or ``"hidden"``: whether a dense pair's TP collectives hold
+            its compute stream or run beside the other half (``overlap.tp``; :mod:`simtrain.lowering.chains`).
         sms: streaming multiprocessors per GPU (datasheet), or None where the profile does not
             say (then EP communication kernels take no SMs from compute: :mod:`simtrain.costs.ep_sms`).
         nccl_channels: ``(within one node, across nodes)``: the CTAs (SMs) of one large NCCL
@@ -164,6 +166,7 @@ class HardwareProfile:
     matmul_efficiency: float
     overlap_compute_factor: float = 1.0
     overlap_sends: Literal["per_half", "after_pair"] = "after_pair"
+    overlap_tp: Literal["blocking", "hidden"] = "blocking"
     sms: int | None = None
     nccl_channels: tuple[int, int] | None = None
     path: Path | None = None
@@ -302,6 +305,7 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
         matmul_efficiency=eff.matmul,
         overlap_compute_factor=pf.overlap.compute_factor,
         overlap_sends=pf.overlap.sends,
+        overlap_tp=pf.overlap.tp,
         sms=pf.sms,
         nccl_channels=None if pf.nccl_channels is None else (pf.nccl_channels.intra_node, pf.nccl_channels.inter_node),
         path=path,

@@ -118,6 +118,17 @@ class OverlapFile(_Strict):
         "that overlaps inside the pair); after_pair: both leave when the whole pair is done "
         "(deepseek-ai/DualPipe's step(), torch's runtime)",
     )
+    tp: Literal["blocking", "hidden"] = Field(
+        default="blocking",
+        description="tensor-parallel collectives of a pair without MoE blocks. blocking: they run "
+        "between their half's layers on the compute stream, so nothing of the pair overlaps them "
+        "(Megatron-Core's combined 1F1B runs attention and MLP, TP collectives inside, on the "
+        "compute stream, model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run; "
+        "deepseek-ai/DualPipe and torch's OVERLAP_F_B run the two halves one after the other "
+        "unless the model brings its own overlap); hidden: each layer's TP collectives run beside "
+        "the other half's compute (a custom overlapped_forward_backward that issues them on a "
+        "side stream; no public implementation is cited)",
+    )
 
 
 class LinearPointFile(_Strict):

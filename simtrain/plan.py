@@ -72,11 +72,15 @@ class PlanRequest:
         cost: the compute cost model of the simulations and the bounds; None: compare's default, ``auto``.
         max_tasks: a configuration estimated above this many simulated tasks is pruned
             (``task_ceiling``), as ``compare --max-tasks`` refuses it.
+        grad_reduce_dtype: the element type gradients are accumulated and DP-reduced in, for every
+            configuration (``ParallelConfig.grad_reduce_dtype``: bf16, fp16, fp32; None: the
+            gradient's own, compare's default). Megatron-LM accumulates bf16 gradients in fp32
+            unless ``--grad-reduce-in-bf16`` (``megatron/training/arguments.py``).
 
     Raises:
         SimtrainError: ``cost`` cannot run on ``model`` / ``hardware``, or sets ``recompute`` (give
             module lists in ``recompute``); a bad module list, or one on the flat cost model;
-            ``max_tasks`` is not a whole number >= 1.
+            ``max_tasks`` is not a whole number >= 1; ``grad_reduce_dtype`` is none of those.
     """
 
     model: ModelSpec
@@ -92,9 +96,12 @@ class PlanRequest:
     top: int = 5
     cost: CostChoice | None = None
     max_tasks: int = MAX_TASKS
+    grad_reduce_dtype: str | None = None
 
     def __post_init__(self) -> None:
         check_max_tasks(self.max_tasks, "PlanRequest.max_tasks")
+        if self.grad_reduce_dtype not in (None, "bf16", "fp16", "fp32"):
+            raise SimtrainError(f"--grad-reduce-dtype = {self.grad_reduce_dtype!r}: choose bf16, fp16 or fp32")
         cost = self.cost or parse_cost_choice("auto", None, None, self.hardware.attention_kernel(None),
                                               self.hardware)
         if cost.recompute is not None:

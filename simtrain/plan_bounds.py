@@ -13,7 +13,8 @@ them never drops a configuration the simulator would have kept (tests/test_plan.
   halves (its interior may go higher, never lower than both ends).
 * **step time** of rank r: ``head_r + busy_r - tp_r + max(tail_r, optimizer_r)``. ``busy_r`` sums the
   compute of its actions (plus, outside pairs and MoE steps, the TP collectives the next action
-  waits for, and the per-action overhead); a pair costs ``overlap_compute_factor x (F + B)``.
+  waits for, and the per-action overhead); a pair costs ``overlap_compute_factor x (F + B)``,
+  plus its TP collectives where they block its compute stream (``overlap.tp: blocking``, no MoE).
   No action waits for the last action's TP collectives (the optimizer step runs beside them), so
   ``tp_r``, the most TP seconds of any one action of the rank, is taken off.
   ``head_r``: a rank's first action is a forward, which needs the forwards of the stages before it
@@ -153,14 +154,16 @@ def memory_bound(shapes: tuple[RankShape, ...], costs: StageCosts) -> float:
 
 def _action_times(costs: StageCosts, topology: Topology, kind: str, chunk: int, paired: bool) -> tuple[float, float]:
     """``(busy, tp)``: seconds an action surely keeps its rank's compute stream busy, and of those
-    the TP collectives the action after it waits for (none in a pair or an MoE step). TP
-    collectives are priced for pipeline rank 0, whose TP group (GPUs 0 .. tp-1) has the fastest route."""
+    the TP collectives the action after it waits for (none in an MoE step, nor in a pair whose
+    TP collectives are hidden, ``overlap.tp: hidden``). TP collectives are priced for pipeline
+    rank 0, whose TP group (GPUs 0 .. tp-1) has the fastest route."""
     hardware = topology.hardware
     c = costs.chunks[chunk]
     compute = {"F": c.forward_s, "B": c.backward_s, "I": c.backward_input_s, "W": c.backward_weight_s}[kind]
+    hidden = paired and hardware.overlap_tp == "hidden"
+    tp = 0.0 if c.moe is not None or hidden else tp_seconds(c, kind, topology, 0)
     if paired:
-        return compute * hardware.overlap_compute_factor + hardware.action_overhead_s, 0.0
-    tp = 0.0 if c.moe is not None else tp_seconds(c, kind, topology, 0)
+        return compute * hardware.overlap_compute_factor + tp + hardware.action_overhead_s, tp
     return compute + tp + hardware.action_overhead_s, tp
 
 
@@ -208,7 +211,7 @@ class MeanBounds:
 
 def mean_bounds(costs: StageCosts, topology: Topology, paired: bool) -> MeanBounds:
     """Sum ``costs`` (one layer per chunk) for the schedule-free bounds; ``paired``: the schedule
-    overlaps F&B pairs (compute x ``overlap_compute_factor``, TP hidden)."""
+    overlaps F&B pairs (compute x ``overlap_compute_factor``; TP as :func:`_action_times`)."""
     times = [(_action_times(costs, topology, "F", c, paired), _action_times(costs, topology, "B", c, paired))
              for c in range(len(costs.chunks))]
     per = [f[0] + b[0] for f, b in times]

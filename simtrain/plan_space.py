@@ -1,6 +1,7 @@
 """The search space of ``simtrain plan``: the points :func:`enumerate_space` yields for a
 :class:`~simtrain.plan.PlanRequest`, each a :class:`Config` (tp, pp, dp, ep, vp, schedule,
-microbatch size, microbatches, recompute, ZeRO stage), with the first cheap reason it cannot run.
+microbatch size, microbatches, recompute, ZeRO stage, and the request's gradient dtype), with the
+first cheap reason it cannot run.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Config:
     microbatches: int
     recompute: str
     zero_stage: int
+    grad_reduce_dtype: str | None = None  # the request's, the same for every point (ParallelConfig's field)
 
     @property
     def gpus(self) -> int:
@@ -56,7 +58,7 @@ class Config:
         recompute = self.recompute if self.recompute in ("none", "selective", "full") else "none"  # modules: the cost model's
         return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, vp=self.vp, microbatches=self.microbatches,
                               microbatch_size=self.microbatch_size, seq_len=seq_len, recompute=recompute,
-                              zero_stage=self.zero_stage, attention=attention)
+                              zero_stage=self.zero_stage, attention=attention, grad_reduce_dtype=self.grad_reduce_dtype)
 
 
 def enumerate_space(req: PlanRequest) -> Iterator[tuple[Config, str | None]]:
@@ -85,7 +87,7 @@ def enumerate_space(req: PlanRequest) -> Iterator[tuple[Config, str | None]]:
                             for vp in vps:
                                 for rc in req.recompute:
                                     for z in req.zero_stages:
-                                        cfg = Config(tp, pp, dp, ep, vp, name, b, m if not rest else 0, rc, z)
+                                        cfg = Config(tp, pp, dp, ep, vp, name, b, m if not rest else 0, rc, z, req.grad_reduce_dtype)
                                         if rest or m == 0:
                                             yield cfg, "batch_divisibility"
                                         elif (z == 1 and dp == 1 and (moe is None or ep == tp)) or (vp > 1 and pp == 1) \

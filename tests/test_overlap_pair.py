@@ -3,6 +3,8 @@
 A hand-made schedule on two ranks with three stages (0 and 2 on rank 0, 1 on rank 1) puts one
 pair on rank 1: ``(1F1;1B0)``. Every chunk has 2 layers, F = 2 s, I = 3 s, W = 1 s (B = 4 s) and
 TP collectives of 1 s inside F and 2 s inside the backward; messages are empty (zero-time p2p).
+The hand times of the layer-sliced overlap are those of ``overlap.tp: hidden``; the default,
+``blocking``, is tested at the end.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ ORDERS = [
 ]
 
 
-def _simulate(factor: float = 1.0, sends: str = "per_half", nccl_sms: bool = False):
+def _simulate(factor: float = 1.0, sends: str = "per_half", nccl_sms: bool = False, tp: str = "hidden"):
     schedule = Schedule(
         "hand", 2, (0, 1, 0), tuple(tuple(parse_action(a) for a in o.split()) for o in ORDERS),
     )
     schedule.validate()
-    hw = dataclasses.replace(load_profile("h100-sxm"), overlap_compute_factor=factor, overlap_sends=sends)
+    hw = dataclasses.replace(load_profile("h100-sxm"), overlap_compute_factor=factor, overlap_sends=sends,
+                             overlap_tp=tp)
     if not nccl_sms:  # hand times without the SMs NCCL takes (simtrain.lowering.nccl_sms; tested below)
         hw = dataclasses.replace(hw, nccl_channels=None)
     parallel = ParallelConfig(pp=2, microbatches=2)
@@ -124,9 +127,9 @@ def _profile(tmp_path, overlap):
 
 def test_profile_overlap_section(tmp_path):
     hw = load_profile("h100-sxm")
-    assert hw.overlap_compute_factor == 1.0 and hw.overlap_sends == "after_pair"  # defaults
-    hw = load_profile(_profile(tmp_path, {"compute_factor": 1.2, "sends": "after_pair"}))
-    assert hw.overlap_compute_factor == 1.2 and hw.overlap_sends == "after_pair"
+    assert (hw.overlap_compute_factor, hw.overlap_sends, hw.overlap_tp) == (1.0, "after_pair", "blocking")  # defaults
+    hw = load_profile(_profile(tmp_path, {"compute_factor": 1.2, "sends": "after_pair", "tp": "hidden"}))
+    assert (hw.overlap_compute_factor, hw.overlap_sends, hw.overlap_tp) == (1.2, "after_pair", "hidden")
 
 
 @pytest.mark.parametrize("overlap,pattern", [
@@ -134,7 +137,41 @@ def test_profile_overlap_section(tmp_path):
     ({"compute_factor": 2.5}, r"field 'overlap.compute_factor' = 2.5: must be a finite number >= 0.5 and <= 2"),
     ({"sends": "sometimes"}, r"field 'overlap.sends' = 'sometimes': Input should be 'per_half' or 'after_pair'"),
     ({"factor": 1.0}, r"field 'overlap.factor' is not a known field"),
+    ({"tp": "overlapped"}, r"field 'overlap.tp' = 'overlapped': Input should be 'blocking' or 'hidden'"),
 ])
 def test_bad_overlap_fields(tmp_path, overlap, pattern):
     with pytest.raises(SimtrainError, match=pattern):
         load_profile(_profile(tmp_path, overlap))
+
+
+def test_blocking_tp_collectives_hold_the_compute_stream_for_both_halves():
+    # overlap.tp: blocking (the default): the pair's items run one after another, each slice's
+    # TP collective before the other half's next slice. 1F1 (1/2) 6-7, TP 7-7.5; 1B0 (1/2) after
+    # 2B0's gradient (15): 15-17, TP 17-18; 1F1 (2/2) 18-19, TP 19-19.5; 1B0 (2/2) 19.5-21.5, TP
+    # 21.5-22.5 (hidden: the pair ends at 21, tested above).
+    t = _simulate(tp="blocking")
+    assert t["1F1 (1/2)"] == approx((6, 7)) and t["tp 1F1 (1/2)"] == approx((7, 7.5))
+    assert t["1B0 (1/2)"] == approx((15, 17)) and t["tp 1B0 (1/2)"] == approx((17, 18))
+    assert t["1F1 (2/2)"] == approx((18, 19)) and t["tp 1F1 (2/2)"] == approx((19, 19.5))
+    assert t["1B0 (2/2)"] == approx((19.5, 21.5)) and t["tp 1B0 (2/2)"] == approx((21.5, 22.5))
+    # per_half: 1F1's output leaves at 19.5; 2F1 19.5-21.5, its TP 21.5-22.5, 2B1 22.5-26.5 and
+    # its TP 26.5-28.5, after which 1B1 starts
+    assert t["2F1"] == approx((19.5, 21.5)) and t["1B1"][0] == approx(28.5)
+
+
+def test_blocking_tp_collectives_take_no_sms_from_the_pair():
+    # nothing of the pair runs beside its TP collectives, so NCCL's SM share changes no time
+    assert _simulate(tp="blocking", nccl_sms=True) == _simulate(tp="blocking")
+
+
+def test_dense_dualpipe_pays_its_tp_collectives_by_default():
+    from simtrain.scenario import run_schedule
+
+    model, parallel = tiny_model(num_heads=8), ParallelConfig(pp=4, tp=2, dp=2, microbatches=8, seq_len=64)
+    base = load_profile("h100-sxm")
+    for name in ("dualpipe", "dualpipev"):
+        blocking = run_schedule(name, model, base, parallel)
+        hidden = run_schedule(name, model, dataclasses.replace(base, overlap_tp="hidden"), parallel)
+        check_run(blocking)
+        assert blocking.report.step_time_s > hidden.report.step_time_s
+        assert blocking.report.exposed_comm_s > hidden.report.exposed_comm_s

@@ -143,6 +143,23 @@ def test_plan_reports_the_step_time_compare_reports(cost, attention):
         assert runs["flat"]["step_time_s"] != pytest.approx(runs["ops"]["step_time_s"], rel=1e-3)
 
 
+def test_fp32_gradients_are_planned_as_compare_prices_them():
+    """--grad-reduce-dtype fp32 (Megatron-LM's bf16 default) reaches every simulated configuration:
+    each row says it, has compare's step time and peak with the same flag, and holds more gradient
+    bytes than the same configuration with the gradient's own dtype."""
+    res = invoke("plan", *SMALL, "--top", "2", "--grad-reduce-dtype", "fp32")
+    assert res.exit_code == 0, res.output
+    for row in json.loads(res.stdout)["top"]:
+        assert row["grad_reduce_dtype"] == "fp32"
+        flags = [x for k in ("tp", "pp", "dp", "vp", "microbatches", "microbatch_size", "recompute", "zero_stage")
+                 for x in (f"--{k.replace('_', '-')}", str(row[k]))]
+        common = ["compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--seq-len", "2048",
+                  "--schedules", row["schedule"], *flags, "--json"]
+        fp32, own = (json.loads(invoke(*common, *extra).stdout)[0] for extra in (["--grad-reduce-dtype", "fp32"], []))
+        assert row["step_time_s"] == fp32["step_time_s"]
+        assert row["peak_memory_bytes"] == max(fp32["peak_memory_bytes"]) > max(own["peak_memory_bytes"])
+
+
 def test_request_takes_compares_default_cost_model():
     """PlanRequest without ``cost`` resolves ``auto`` as compare does: per-operator where the profile
     has kernel tables (dense and MoE models alike), flat elsewhere, and the profile's attention kernel (V100:
@@ -191,6 +208,8 @@ def test_bad_input_is_one_error_line(tmp_path):
          "the per-operator cost model has kernel tables for"),
         (["--gpus", "4", "--global-batch", "8", "--hardware", "a100-sxm-80gb", "--fp8", "gemms"],
          "--fp8 gemms: a100-sxm-80gb (sm_80) has no FP8 GEMM table"),
+        (["--gpus", "4", "--global-batch", "8", "--grad-reduce-dtype", "fp64"],
+         "--grad-reduce-dtype = 'fp64': choose bf16, fp16 or fp32"),
     ]
     for extra, message in cases:
         # a later flag wins (--model, --hardware in extra)

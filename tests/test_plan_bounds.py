@@ -70,6 +70,24 @@ def test_bounds_are_below_the_simulation(name, recompute, m, cost, h100):
     assert cheap <= rep.step_time_s * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("name", ["dualpipe", "dualpipev"])
+def test_pair_bounds_count_blocking_tp_and_hold_for_hidden_tp(name, h100):
+    # overlap.tp: blocking puts a dense pair's TP collectives on its compute stream, so the bound
+    # counts them (tighter than hidden's); either bound stays below its own simulation
+    import dataclasses
+
+    par = ParallelConfig(tp=2, pp=4, dp=2, microbatches=16, microbatch_size=2, seq_len=512)
+    model, schedule = tiny_model(layers=16), generate(name, 4, 16)
+    bounds = {}
+    for mode in ("blocking", "hidden"):
+        hw = dataclasses.replace(h100, overlap_tp=mode)
+        rep = run_schedule(name, model, hw, par).report
+        bounds[mode] = step_bound(schedule_shape(schedule), stage_costs(model, par, hw, schedule.num_chunks),
+                                  Topology(hw, par))
+        assert 0 < bounds[mode] <= rep.step_time_s * (1 + 1e-9)
+    assert bounds["blocking"] > bounds["hidden"]
+
+
 def test_memory_bound_is_the_simulated_peak_without_communication_buffers(h100):
     """With 1F1B the in-flight count is exact (rank 0 holds pp activations): bound == simulated peak."""
     model = tiny_model(layers=8)

@@ -69,10 +69,11 @@ def _dualpipe_configs(draw):
     tp=st.sampled_from([1, 2]),
     sends=st.sampled_from(["per_half", "after_pair"]),
     factor=st.sampled_from([1.0, 1.25]),
+    tp_mode=st.sampled_from(["blocking", "hidden"]),
 )
-def test_dualpipe_family_simulates_consistently(config, dp, tp, sends, factor):
+def test_dualpipe_family_simulates_consistently(config, dp, tp, sends, factor, tp_mode):
     name, p, m = config
-    hw = dataclasses.replace(H100, overlap_sends=sends, overlap_compute_factor=factor)
+    hw = dataclasses.replace(H100, overlap_sends=sends, overlap_compute_factor=factor, overlap_tp=tp_mode)
     par = ParallelConfig(pp=p, microbatches=m, dp=dp, tp=tp, seq_len=64)
     run = run_schedule(name, tiny_model(), hw, par)
     check_run(run)

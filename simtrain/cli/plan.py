@@ -133,6 +133,9 @@ def plan(
     force: Annotated[bool, typer.Option("--force", help="overwrite --out if simtrain did not write it")] = False,
     max_tasks: Annotated[int, typer.Option(
         min=1, help="skip configurations estimated above this many simulated tasks (as compare refuses them)")] = MAX_TASKS,
+    grad_reduce_dtype: Annotated[Optional[str], typer.Option(
+        help="element type gradients are accumulated and DP-reduced in, as simtrain compare's: bf16, fp16 or "
+             "fp32 (Megatron-LM's default in bf16) [default: the gradient's own]")] = None,
 ) -> None:
     """Search the parallel configurations of N GPUs for the fastest that fits (branch and bound + simulation)."""
     if objective not in ("step-time", "tokens-per-gpu"):
@@ -145,7 +148,8 @@ def plan(
         recompute=modes,
         zero_stages=tuple(int(z) for z in _split_list(zero_stages, "--zero-stages", ["0", "1"])), top=top,
         cost=replace(parse_cost_choice(cost_model, next(filter(None, map(recompute_modules, modes)), None), fp8,
-                                       hw.attention_kernel(attention), hw), recompute=None), max_tasks=max_tasks)
+                                       hw.attention_kernel(attention), hw), recompute=None), max_tasks=max_tasks,
+        grad_reduce_dtype=grad_reduce_dtype)
     if out_path is not None:
         check_output_path(out_path, "--out", ".html", [Path(p) for p in (model, hardware) if Path(p).is_file()], force)
     runner = make_backend(backend, req.model, req.hardware, seq_len, workers, ray_address)
@@ -168,7 +172,8 @@ def _report(req: PlanRequest, summary: dict, rows: list[dict], out_path: Path | 
     """Print the tables or the JSON object and write the page (the best configuration re-simulated)."""
     gpus, seq_len, global_batch, objective = req.gpus, req.seq_len, req.global_batch, req.objective
     subtitle = (f"{req.model.name} on {gpus} x {req.hardware.name}, global batch {global_batch} x "
-                f"{seq_len or req.model.seq_len} tokens, objective {objective}" + _cost_note(req.cost))
+                f"{seq_len or req.model.seq_len} tokens, objective {objective}" + _cost_note(req.cost)
+                + (f", gradients in {req.grad_reduce_dtype}" if req.grad_reduce_dtype else ""))
     if out_path is not None:
         from ..viz import Panel
         from ..viz.plan import write_plan_page

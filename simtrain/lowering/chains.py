@@ -12,8 +12,16 @@ collectives the chunk declares). Three builders differ only in how they cut an a
 * :func:`pair_chains` (DualPipe's F&B without MoE blocks): each half cut into one slice per
   transformer layer, each slice followed by its share of the half's TP collectives, the halves'
   slices alternating forward first. This follows DeepSeek's published DualPipe training profile
-  (deepseek-ai/profile-data, train.json), which overlaps the pair layer by layer; each half's
-  communication overlaps the other half's compute;
+  (deepseek-ai/profile-data, train.json), which overlaps the pair layer by layer. Its TP
+  collectives block the compute stream (the profile's ``overlap.tp: blocking``, the default):
+  every next slice of either half waits for them, as in Megatron-Core's combined 1F1B, which
+  runs attention and MLP (their TP collectives inside) on the compute stream and only the EP
+  all-to-alls on its communication stream (``TransformerLayerSchedulePlan.run`` in
+  ``megatron/core/models/common/model_chunk_schedule_plan.py`` at d98e8a64), and in
+  deepseek-ai/DualPipe and torch's ``OVERLAP_F_B``, which run the halves one after the other
+  unless the model brings its own ``overlapped_forward_backward``. With ``overlap.tp: hidden``
+  each half's TP collectives overlap the other half's compute (taking NCCL's SMs from it:
+  :mod:`simtrain.lowering.nccl_sms`), which needs such a custom overlap;
 * :func:`moe_chains`: an action on an MoE stage under expert parallelism, cut into attention /
   dispatch / experts / combine (:mod:`simtrain.lowering.moe`); a pair's items alternate backward
   first, and each half's TP collectives follow all its items.
@@ -164,15 +172,17 @@ def moe_chains(low: Lowering, parts: list[Action], rank: int) -> list[Chain]:
     return chains
 
 
-def step_chains(low: Lowering, act, rank: int, grad_buckets: set[Action]) -> tuple[list[Chain], bool]:
-    """The chains of one schedule step and whether its steps alternate backward first (MoE)."""
+def step_chains(low: Lowering, act, rank: int, grad_buckets: set[Action]) -> tuple[list[Chain], bool, bool]:
+    """The chains of one schedule step, whether its steps alternate backward first (MoE), and
+    whether every item holds the rank's compute stream for both halves (a dense pair under
+    ``overlap.tp: blocking``)."""
     parts = [a for a in act.parts if a.kind == "F" or low.training]
     if low.comm and any(low.chunk[a.stage].moe is not None and a.kind != "W" for a in parts):
-        return moe_chains(low, parts, rank), True
+        return moe_chains(low, parts, rank), True, False
     if isinstance(act, OverlapAction) and len(parts) == 2:
-        return pair_chains(low, act, rank), False
+        return pair_chains(low, act, rank), False, low.topology.hardware.overlap_tp == "blocking"
     buckets = low.topology.parallel.dp_buckets
-    return [plain_chain(low, a, rank, buckets if a in grad_buckets else 1) for a in parts], False
+    return [plain_chain(low, a, rank, buckets if a in grad_buckets else 1) for a in parts], False, False
 
 
 def emit_chains(low: Lowering, grad_buckets: set[Action]) -> None:
@@ -182,23 +192,29 @@ def emit_chains(low: Lowering, grad_buckets: set[Action]) -> None:
     for rank, order in enumerate(low.schedule.orders):
         after: list[int] = []  # tasks the rank's next step waits for
         for act in order:
-            chains, backward_first = step_chains(low, act, rank, grad_buckets)
+            chains, backward_first, blocking = step_chains(low, act, rank, grad_buckets)
             if not chains:
                 continue
-            after = _emit_step(low, rank, chains, after, backward_first, forward_only)
+            after = _emit_step(low, rank, chains, after, backward_first, forward_only, blocking)
             for ch in chains:
                 if ch.action in grad_buckets:
                     low.bucket_after[ch.action] = _bucket_anchors(low, ch)
 
 
 def _emit_step(low: Lowering, rank: int, chains: list[Chain], after: list[int], backward_first: bool,
-               forward_only: bool) -> list[int]:
+               forward_only: bool, blocking: bool = False) -> list[int]:
     """Emit the chains of one step (one action, or a pair's two halves); returns the ids of the
-    tasks the rank's next step waits for: the last task of each chain."""
+    tasks the rank's next step waits for: the last task of each chain. ``blocking``: each item
+    waits for the one emitted before it, whichever half that was (TP collectives on the compute
+    stream)."""
     pending = {id(ch): list(after) for ch in chains}
     for ch, items in _interleave(chains, backward_first):
         for item in items:
-            pending[id(ch)] = _emit_item(low, rank, ch, item, pending[id(ch)])
+            done = _emit_item(low, rank, ch, item, pending[id(ch)])
+            if blocking:
+                pending = dict.fromkeys(pending, done)
+            else:
+                pending[id(ch)] = done
     for ch in chains:
         for item in ch.tail:
             pending[id(ch)] = _emit_item(low, rank, ch, item, pending[id(ch)])

@@ -67,6 +67,17 @@ def test_a_model_with_gelu_and_no_gqa_split_differs_only_in_qkv():
     assert rows["grad_sum"].kernels[1] == len(c.layers)  # q, k, v's sum only
 
 
+def test_an_moe_layer_splits_only_its_attention_projections():
+    """The FFN of an MoE layer is the experts' (simtrain.costs.moe_ops): no gate/up sum is added."""
+    m, h = load_model("mixtral-8x7b"), load_profile("h100-sxm-96gb")
+    p = ParallelConfig(tp=8, pp=4, ep=8, dp=8, microbatches=4, seq_len=4096, fused_projections=False,
+                       sequence_parallel=True)
+    rows, _, c = _rows(m, h, p)
+    assert rows["grad_sum"].kernels[1] == len(c.layers)  # q, k, v's sum in every layer, nothing else
+    fused = _rows(m, h, p.model_copy(update=dict(fused_projections=True)))[0]
+    assert rows["expert_up"] == fused["expert_up"] and "ffn_up" not in rows  # no shared experts in Mixtral
+
+
 @pytest.mark.parametrize("sp, op, per_layer", [(True, "all-gather", 2), (False, "all-reduce", 1)])
 def test_every_second_mm_reruns_the_unsaved_tp_collectives_in_the_backward(sp, op, per_layer):
     """torchtitan's op policy saves the reduce-scatters, not the all-gathers: with SP the backward

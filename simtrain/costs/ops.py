@@ -206,7 +206,7 @@ def _layer_ops(ctx: _Ctx, layer: int) -> list[OpCost]:
     ops, fp8 = [], []  # fp8: the FP8 GEMMs' shapes (an MoE layer's FFN: simtrain.costs.moe_ops)
     for name, (k, n, mult) in zip(names, gemms):
         k_, n_ = (k, n / tp) if k == h else (k / tp, n)
-        ops += projection_ops(ctx, name, ctx.tokens * mult, k_, n_)  # fused or separate layers
+        ops += projection_ops(ctx, name, layer, ctx.tokens * mult, k_, n_)  # fused or separate layers
         if name not in (ATTENTION_FFN if m.is_moe_layer(layer) else ("router",)):
             fp8.append((ctx.tokens * mult, k_, n_, 1))
     ops += _attention(ctx) + ([fp8_cast(ctx, fp8)] if ctx.gemm_dtype == "fp8" else [])

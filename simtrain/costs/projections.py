@@ -32,26 +32,29 @@ GRAD_SUM = "grad_sum"
 """The operator summing the input gradients of separate projections (one kernel per pass I)."""
 
 
-def projection_widths(model: ModelSpec, name: str, n: float) -> tuple[float, ...]:
+def projection_widths(model: ModelSpec, name: str, n: float, layer: int) -> tuple[float, ...]:
     """Output widths of the separate linear layers that fused operator ``name`` of output width
-    ``n`` stands for: Q, K and V for ``qkv`` (not MLA), gate and up for a SwiGLU ``ffn_up``;
-    ``(n,)`` for any other (one layer). Units: elements per token."""
+    ``n`` in ``layer`` stands for: Q, K and V for ``qkv`` (not MLA), gate and up for a SwiGLU
+    ``ffn_up`` of a dense layer; ``(n,)`` for any other (one layer; an MoE layer's FFN operators
+    are :mod:`simtrain.costs.moe_ops`'s, its experts' GEMMs as they price them). Units: elements
+    per token."""
     if name == "qkv" and model.mla is None:
         return (model.num_heads * model.q_head_dim, model.kv_heads * model.q_head_dim,
                 model.kv_heads * model.v_head_dim)
-    if name == "ffn_up" and model.activation == "swiglu":
+    if name == "ffn_up" and model.activation == "swiglu" and not model.is_moe_layer(layer):
         return (n / 2, n / 2)
     return (n,)
 
 
-def projection_ops(ctx, name: str, rows: float, k: float, n: float) -> list:
-    """The operators of linear layer ``name`` on this GPU: ``Y[rows, n] = X[rows, k] W[k, n]``
-    with ``n`` this TP rank's output width (elements).
+def projection_ops(ctx, name: str, layer: int, rows: float, k: float, n: float) -> list:
+    """The operators of linear layer ``name`` of transformer ``layer`` on this GPU:
+    ``Y[rows, n] = X[rows, k] W[k, n]`` with ``n`` this TP rank's output width (elements).
 
     Args:
         ctx: :mod:`simtrain.costs.ops`'s ``_Ctx`` (model, parallel settings, rates, HBM rate).
-        name: the operator (``qkv``, ``ffn_up``, ...); ``rows`` its tokens (times the FFN's
-            multiplicity), ``k`` and ``n`` its fan-in and fan-out on this rank.
+        name: the operator (``qkv``, ``ffn_up``, ...); ``layer`` its layer index; ``rows`` its
+            tokens (times the FFN's multiplicity), ``k`` and ``n`` its fan-in and fan-out on this
+            rank.
 
     Returns:
         A list of ``OpCost``: the one GEMM with ``fused_projections`` (or a single layer);
@@ -61,7 +64,7 @@ def projection_ops(ctx, name: str, rows: float, k: float, n: float) -> list:
     """
     from .ops import _gemm, _memory
 
-    widths = projection_widths(ctx.model, name, n)
+    widths = projection_widths(ctx.model, name, n, layer)
     if ctx.parallel.fused_projections or len(widths) == 1:
         return [_gemm(name, rows, k, n, ctx)]
     total = sum(widths)

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from .errors import NumbersNotBooleans
 from .hardware import Dtype
 from .models import MAX_DIM
+from .setting_strings import parse_offload, parse_trainable
 
 MAX_COUNT = MAX_DIM
 """Largest degree, microbatch count or size and sequence length (2**31 - 1, the bound of a model's
@@ -39,61 +40,6 @@ activations and the parameter copy used by the kernels in 16-bit)."""
 
 GroupDim = Literal["tp", "cp", "dp", "ep", "expert_dp"]
 """The parallel dimensions a collective can run over."""
-
-
-def parse_offload(text: str) -> float:
-    """Parse ``--offload``: ``none`` or ``activations[=FRACTION]`` (FRACTION in (0, 1], default 1).
-
-    Returns:
-        The fraction of each microbatch's saved activation bytes copied to host memory after its
-        forward (0 for ``none``; see :mod:`simtrain.lowering.offload`).
-
-    Raises:
-        ValueError: anything else, saying what is allowed.
-    """
-    kind, eq, arg = text.partition("=")
-    if text == "none":
-        return 0.0
-    if kind == "activations":
-        try:
-            fraction = float(arg) if eq else 1.0
-        except ValueError:
-            fraction = float("nan")
-        if 0.0 < fraction <= 1.0:
-            return fraction
-    raise ValueError("expected none or activations[=FRACTION] with FRACTION in (0, 1], e.g. activations=0.5")
-
-
-def parse_trainable(text: str) -> tuple[int, frozenset[int]]:
-    """Parse ``--trainable``: ``all``, ``lora:RANK`` or ``frozen-layers:LIST`` (LIST: comma-separated
-    layer indices or ``a-b`` ranges, inclusive).
-
-    Returns:
-        ``(lora_rank, frozen_layers)``: rank 0 without LoRA; the listed layers for
-        ``frozen-layers`` (empty otherwise: under LoRA every base weight is frozen).
-
-    Raises:
-        ValueError: anything else, saying what is allowed.
-    """
-    allowed = "expected all, lora:RANK (an integer >= 1) or frozen-layers:LIST (e.g. 0-15,20)"
-    kind, _, arg = text.partition(":")
-    if text == "all":
-        return 0, frozenset()
-    try:
-        if kind == "lora" and int(arg) >= 1:
-            return int(arg), frozenset()
-        if kind == "frozen-layers" and arg:
-            layers: set[int] = set()
-            for part in arg.split(","):
-                lo, dash, hi = part.partition("-")
-                first, last = int(lo), int(hi) if dash else int(lo)
-                if first < 0 or last < first:
-                    raise ValueError
-                layers.update(range(first, last + 1))
-            return 0, frozenset(layers)
-    except ValueError:
-        pass
-    raise ValueError(allowed)
 
 
 @dataclass(frozen=True)
@@ -263,6 +209,12 @@ class ParallelConfig(NumbersNotBooleans):
         bias_dropout_fusion: False (Megatron-Core's ``bias_dropout_fusion``) adds a linear layer's
             bias before the residual add in a kernel of its own (models with biases;
             :mod:`simtrain.costs.unfused`).
+        fused_projections: True runs the Q, K, V projections as one GEMM and the SwiGLU gate and up
+            projections as another (Megatron-Core's ``linear_qkv`` and ``linear_fc1``); False runs
+            each as its own linear layer on the same input, as torchtitan's Llama does (``wq``,
+            ``wk``, ``wv``; ``w1``, ``w3``): a GEMM at each one's shape, and in I the input
+            gradients summed by a memory-bound kernel (:mod:`simtrain.costs.projections`;
+            per-operator cost model only).
         a2a_links: ``shared``: dispatch and combine use the same link ports (a symmetric
             all-to-all loads both directions of every port); ``separate``: the combine gets its
             own lanes (the idealised full-duplex model of Waved-EP's flow shop).
@@ -348,6 +300,7 @@ class ParallelConfig(NumbersNotBooleans):
     expert_gemm: Literal["grouped", "multi-stream"] = "grouped"
     rope_fusion: bool = True
     bias_dropout_fusion: bool = True
+    fused_projections: bool = True
     a2a_links: Literal["shared", "separate"] = "shared"
     waves: int | None = Field(default=None, ge=1)
     moe_coarsen: int = Field(default=1, ge=1)

@@ -21,6 +21,7 @@ KERNELS = {
     "dropout": (2, 2, 0), "activation": (1, 1, 0), "rotary": (2, 2, 0), "embedding": (1, 1, 0),
     "head:norm": (1, 3, 0), "head:cross_entropy": (6, 3, 0),
     "router_topk": (3, 3, 0), "permute": (1, 1, 0), "unpermute": (1, 2, 0), "expert_activation": (1, 1, 0),
+    "grad_sum": (0, 1, 0),
 }
 """CUDA kernels per operator per layer in F, I and W, counted from Megatron-LM's transformer
 layer with its fused kernels (``megatron/model/transformer.py``, ``fused_softmax.py``,
@@ -35,7 +36,8 @@ cross-entropy six forward kernels (max, subtract, exp, sum, log, target gather) 
 MoE (Megatron-Core ``TopKRouter`` and ``moe_utils``): the router's scoring, top-k and weight
 normalisation three kernels per pass; permute one gather (its backward one scatter-add); unpermute
 one weighted sum forward, two backward (input and routing-weight gradients); the routed experts'
-activation one per pass; a grouped GEMM one kernel per pass. Every other name (GEMMs) counts as ``gemm``."""
+activation one per pass; a grouped GEMM one kernel per pass; separate projections' input-gradient
+sum one kernel in I per row (:mod:`simtrain.costs.projections`). Every other name (GEMMs) counts as ``gemm``."""
 
 
 def _kernels(name: str) -> tuple[int, int, int]:

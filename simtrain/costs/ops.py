@@ -57,9 +57,10 @@ from .launch import KERNELS, OWN_KERNELS, _kernels, _launch  # noqa: F401 (KERNE
 from .layers import linear_layers
 from .moe_ops import ATTENTION_FFN, check_moe, moe_chunk, moe_layer_ops
 from .mtp import mtp_ops
+from .projections import projection_ops
 from .recompute import (ALIASES, ATTENTION_CORE, EVERY_SECOND_MM, FULL, LAYER_OPS, LINEAR_OPS,  # noqa: F401
                         _EVERY_SECOND_MM_RERUNS, _second_mms, check_present, parse_recompute,
-                        stored_reduction)
+                        rerun_tp_collectives, stored_reduction)
 from .trainable import adapter_ops, is_frozen, without_weight_pass
 from .types import StageCosts, grad_accumulate_bytes_per_param
 from .unfused import bias_add, rotary
@@ -205,7 +206,7 @@ def _layer_ops(ctx: _Ctx, layer: int) -> list[OpCost]:
     ops, fp8 = [], []  # fp8: the FP8 GEMMs' shapes (an MoE layer's FFN: simtrain.costs.moe_ops)
     for name, (k, n, mult) in zip(names, gemms):
         k_, n_ = (k, n / tp) if k == h else (k / tp, n)
-        ops.append(_gemm(name, ctx.tokens * mult, k_, n_, ctx))
+        ops += projection_ops(ctx, name, layer, ctx.tokens * mult, k_, n_)  # fused or separate layers
         if name not in (ATTENTION_FFN if m.is_moe_layer(layer) else ("router",)):
             fp8.append((ctx.tokens * mult, k_, n_, 1))
     ops += _attention(ctx) + ([fp8_cast(ctx, fp8)] if ctx.gemm_dtype == "fp8" else [])
@@ -461,7 +462,8 @@ def _apply_with(ctx: _Ctx):
                                               weight_grad_bytes=c.weight_grad_bytes - held,
                                               full_backward_s=None, cp_hide_forward_s=cp.hide_forward_s,
                                               cp_hide_backward_s=cp.hide_backward_s, gemm_s=_linear_seconds(ctx, ops),
-                                              compute_bound_fraction=_compute_bound(ops)))
+                                              compute_bound_fraction=_compute_bound(ops),
+                                              tp_backward=rerun_tp_collectives(ctx, c)))
         return dataclasses.replace(costs, chunks=tuple(chunks),
                                    optimizer_s_per_param=costs.optimizer_s_per_param + grad_norm_clip_s(ctx, 1.0))
 

@@ -152,3 +152,33 @@ def stored_reduction(ctx, chunk, cache: dict) -> float:
             cache[kind] = drop
         per_token += cache[kind]
     return per_token * ctx.tokens
+
+
+def rerun_tp_collectives(ctx, chunk) -> tuple:
+    """The TP collectives an I (or B) of ``chunk`` issues: ``chunk.tp_backward`` plus those
+    :data:`EVERY_SECOND_MM` reruns. torchtitan's ``_save_list`` (``parallelize_llama.py`` at
+    ``820504e``) saves ``_c10d_functional.reduce_scatter_tensor`` but not the all-gather, and the
+    policy marks everything unsaved ``PREFER_RECOMPUTE``, which the compiled partitioner reruns as
+    it does ``MUST_RECOMPUTE`` (``must_recompute`` in ``torch/_functorch/partitioners.py`` accepts
+    both). With sequence parallelism the backward so reruns both all-gathers of each block: the
+    gathered inputs of ``wq``/``wk``/``wv`` and of ``w1``/``w3`` feed the rerun ``wk`` and ``w3``
+    and the weight gradients. Without it, it reruns the all-reduce after ``wo`` (mm 4, rerun),
+    whose sum is the FFN norm's input. Each has the size of the forward's (``tp_forward``).
+
+    Args:
+        ctx: :mod:`simtrain.costs.ops`'s ``_Ctx`` (its ``recompute`` names and ``parallel``).
+        chunk: a :class:`simtrain.costs.types.ChunkCost` as :mod:`simtrain.costs.stage` built it.
+
+    Returns:
+        A tuple of :class:`simtrain.network.Collective` (``chunk.tp_backward`` unchanged without
+        TP or without :data:`EVERY_SECOND_MM`).
+    """
+    from dataclasses import replace
+
+    if EVERY_SECOND_MM not in ctx.recompute or not chunk.tp_forward or not chunk.layers:
+        return chunk.tp_backward
+    forward = chunk.tp_forward[0]
+    layers = len(chunk.layers)
+    if ctx.parallel.sequence_parallel:
+        return chunk.tp_backward + (replace(forward, op="all-gather", repeat=2 * layers),)
+    return chunk.tp_backward + (replace(forward, op="all-reduce", repeat=layers),)

@@ -73,7 +73,8 @@ _FIELDS = dict(tp="parallelism.tensor_parallel_degree", pp="parallelism.pipeline
                recompute="activation_checkpoint.mode", cp="parallelism.context_parallel_degree",
                cp_kind="parallelism.context_parallel_rotate_method",
                grad_reduce_dtype="training.mixed_precision_reduce",
-               zero_impl="parallelism.data_parallel_shard_degree (torchtitan's FSDP is FSDP2)")
+               zero_impl="parallelism.data_parallel_shard_degree (torchtitan's FSDP is FSDP2)",
+               fused_projections="model.name (torchtitan's models run wq, wk, wv and w1, w3 as separate linear layers)")
 """simtrain's parallel field -> the torchtitan field it comes from, for messages."""
 
 _PRECISION = {"bfloat16": "bf16", "float32": "fp32"}
@@ -163,7 +164,8 @@ def read_torchtitan_toml(path: Path, given: dict | None = None) -> ImportedJob:
                     zero_stage=_fsdp_stage(p.get("fsdp_reshard_after_forward", "default"), pp) if shard != 1 else 0,
                     recompute=j.section("activation_checkpoint").get("mode", "selective"),
                     cp=j.int("parallelism", "context_parallel_degree", 1),
-                    cp_kind=j.choice("parallelism", "context_parallel_rotate_method", "allgather", _ROTATE))
+                    cp_kind=j.choice("parallelism", "context_parallel_rotate_method", "allgather", _ROTATE),
+                    fused_projections=False)  # separate wq, wk, wv; w1, w3 (simtrain.costs.projections)
     if shard != 1:
         parallel["grad_reduce_dtype"] = j.choice("training", "mixed_precision_reduce", "float32", _PRECISION)
         parallel["zero_impl"] = "fsdp2"  # torchtitan shards with fully_shard: per-parameter copy-out

@@ -132,3 +132,21 @@ def test_zero2_and_3_run_with_pairs_split_backwards_and_chunks(schedule):
             assert len(gathers) == actions
         else:
             assert gathers.empty
+
+
+@pytest.mark.parametrize("zero,reduce_dtype,per_param", [
+    (2, None, 2 + 2), (2, "fp32", 2 + 4),  # one layer's bf16 gradient + one reduce-scatter input
+    (3, None, 2 * 2 + 2 + 2), (3, "fp32", 2 * 2 + 2 + 4),  # ... and two gathered layers (bf16)
+])
+def test_sharded_gradients_are_held_one_layer_at_a_time(zero, reduce_dtype, per_param):
+    """FSDP reduce-scatters each wrapped block's gradient in its post-backward, after the previous
+    block's reduce-scatter: the transient gradient is one layer in bf16 plus one reduce-scatter
+    input in ``grad_reduce_dtype``, not a share of the whole model (which made a 70B fp32-reduce
+    run peak at twice HBM)."""
+    def activations(z, **kw):
+        par = ParallelConfig(pp=1, dp=8, microbatches=2, seq_len=1024, zero_stage=z, recompute="full", **kw)
+        return run_schedule("1f1b", MODEL, H100, par).report.memory_breakdown_bytes[0]["activations"]
+
+    layer = MODEL.total_params / MODEL.num_layers  # simtrain's FSDP unit: the chunk's parameters per layer
+    extra = activations(zero, grad_reduce_dtype=reduce_dtype) - activations(1)
+    assert extra == pytest.approx(per_param * layer, rel=1e-6)

@@ -305,7 +305,7 @@ def validate(
 
 def _validate_published(cost_model: str, as_json: bool) -> None:
     """``simtrain validate --published``: predict every figure of the published suite."""
-    from ..published import rows_table, run_suite, summarise
+    from ..published import over_hbm, rows_table, run_suite, summarise
 
     from ..costs.kernels import has_kernel_tables
     from ..costs.ops import published_runtime
@@ -326,6 +326,13 @@ def _validate_published(cost_model: str, as_json: bool) -> None:
         left_out = f" ({s['excluded']} excluded)" if s["excluded"] else ""
         out.print(f"{what}: median |error| = {s['median_abs_error']:.1%}, max |error| = {s['max_abs_error']:.1%} "
                   f"over {s['figures']} figures from {s['cases']} cases{left_out}")
+    training = [r for r in rows if r.kind == "training" and r.excluded is None]
+    over = over_hbm(training)
+    out.print(f"memory: {len(over)} of {len(training)} judged training figures peak above their GPU's HBM "
+              "(the runs ran, so each is a memory-model error)", markup=False, highlight=False)
+    for r in over:
+        out.print(f"  over HBM: {r.case}, {r.label}: {r.peak_memory_gib:.1f} of {r.hbm_gib:.0f} GiB",
+                  markup=False, highlight=False)
     for r in rows:
         if r.excluded:
             out.print(f"excluded from the statistics: {r.case}, {r.label} ({r.error:+.1%}): {r.excluded}")

@@ -146,6 +146,22 @@ def layer_shape(model: ModelSpec, layer: int, seq_len: int, tp: int, elem: int,
     )
 
 
+def stored_bytes_per_token(ls: LayerShape, parallel, unfused: bool) -> float:
+    """Bytes per token one GPU stores for a layer's backward at ``parallel.recompute`` ``none`` or
+    ``selective``: ``ls.act_bytes``, the parts every TP rank keeps whole without sequence
+    parallelism, and under ``none`` what attention's backward needs (the scores of ``unfused``
+    attention, else FlashAttention's log-sum-exp).
+
+    Args:
+        ls: the layer's :class:`LayerShape` (already split over TP).
+        parallel: a :class:`simtrain.parallel.ParallelConfig` (tp, sequence_parallel, recompute).
+        unfused: whether the attention kernel materialises the scores.
+    """
+    replicated = 0.0 if parallel.sequence_parallel else 1.0 - 1.0 / parallel.tp
+    kept = ls.score_bytes if unfused else ls.lse_bytes
+    return ls.act_bytes + ls.shared_bytes * replicated + (kept if parallel.recompute == "none" else 0.0)
+
+
 def _recomputable(model: ModelSpec, layer: int, elem: int, cache: float, mask: int) -> dict[str, tuple[float, float]]:
     """Per ``--recompute`` operator name: the bytes per token (whole, before the TP split) of the
     tensors in :func:`layer_shape`'s stored count that the operator outputs, and of them the part

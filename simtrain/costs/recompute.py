@@ -93,25 +93,70 @@ def check_present(spec: str, model: str, present: set[str]) -> None:
                                 f"{', '.join(n for n in LAYER_OPS if n in present)}")
 
 
-def _second_mms(ctx, layer: int) -> list:
-    """The matmuls :data:`EVERY_SECOND_MM` reruns in ``layer``: the 2nd, 4th, ... ``aten.mm`` of the
-    block in forward order (Q, K, V, output projection, then the FFN's up (and gate) and down
-    projections), each as its own GEMM (:class:`simtrain.costs.ops.OpCost`), split over TP as in
-    :func:`simtrain.costs.ops._layer_ops`; ``ctx`` is that module's ``_Ctx``."""
+def _block_mms(model, layer: int) -> list[tuple[float, float, float]]:
+    """``(fan_in, fan_out, rows per token)`` of every ``aten.mm`` of a dense block in forward order:
+    Q, K, V, the output projection, then the FFN's ``w1`` (and ``w3``) and ``w2`` (torchtitan's
+    ``FeedForward.forward``, ``w2(silu(w1(x)) * w3(x))``). A matmul whose fan-in is the hidden size
+    is column-parallel under TP (its output split), the others row-parallel (its input split)."""
     from .layers import linear_layers
-    from .ops import _gemm
 
-    m, tp = ctx.model, ctx.parallel.tp
+    m = model
     h, a, kv = m.hidden_size, m.num_heads, m.kv_heads
     width, _, mult = linear_layers(m, layer)[-1]  # the FFN intermediate (fan-in of the down projection)
     ffn_up = [(h, width), (h, width)] if m.activation == "swiglu" else [(h, width)]
-    mms = [(h, a * m.q_head_dim, 1.0), (h, kv * m.q_head_dim, 1.0), (h, kv * m.v_head_dim, 1.0),
-           (a * m.v_head_dim, h, 1.0), *((k, n, mult) for k, n in ffn_up), (width, h, mult)]
+    return [(h, a * m.q_head_dim, 1.0), (h, kv * m.q_head_dim, 1.0), (h, kv * m.v_head_dim, 1.0),
+            (a * m.v_head_dim, h, 1.0), *((k, n, mult) for k, n in ffn_up), (width, h, mult)]
+
+
+def _second_mms(ctx, layer: int) -> list:
+    """The matmuls :data:`EVERY_SECOND_MM` reruns in ``layer``: the 2nd, 4th, ... of
+    :func:`_block_mms`, each as its own GEMM (:class:`simtrain.costs.ops.OpCost`), split over TP as
+    in :func:`simtrain.costs.ops._layer_ops`; ``ctx`` is that module's ``_Ctx``."""
+    from .ops import _gemm
+
+    h, tp = ctx.model.hidden_size, ctx.parallel.tp
     out = []
-    for i, (k, n, rows) in enumerate(mms[1::2]):
+    for i, (k, n, rows) in enumerate(_block_mms(ctx.model, layer)[1::2]):
         k_, n_ = (k, n / tp) if k == h else (k / tp, n)
         out.append(_gemm(f"mm{2 * i + 2}", ctx.tokens * rows, k_, n_, ctx))
     return out
+
+
+def every_second_mm_stored_bytes(model, layer: int, tp: int, sequence_parallel: bool, elem: int) -> float:
+    """Bytes per token that one GPU keeps for the backward of ``layer`` under torchtitan's
+    selective op checkpointing (:data:`EVERY_SECOND_MM`).
+
+    torchtitan ``parallelize_llama.py`` at ``9dec370`` wraps each block in
+    ``ptd_checkpoint_wrapper`` with a ``create_selective_checkpoint_contexts`` policy that returns
+    ``MUST_SAVE`` for the ops of ``_save_list`` (``aten.mm`` but every second one,
+    ``_scaled_dot_product_flash_attention`` / ``_efficient_attention``,
+    ``_c10d_functional.reduce_scatter_tensor``, ``abs``, ``max``) and ``PREFER_RECOMPUTE`` for
+    the rest. ``torch/utils/checkpoint.py``'s ``_CachingTorchDispatchMode`` stores the outputs of
+    the saved ops in the forward and nothing else of the block; the non-reentrant checkpoint keeps
+    the block's input for the recomputation. So a block keeps: its input (sharded over the
+    sequence with sequence parallelism, else whole), the outputs of mms 1, 3, 5, ... (``wq``,
+    ``wv``, ``w1``, ``w2`` of a SwiGLU block: a column-parallel one split over TP, a row-parallel
+    one's output the whole unreduced partial sum), the SDPA output and its fp32 log-sum-exp (one per
+    head and token), and under TP with sequence parallelism the two reduce-scatter outputs (of
+    ``wo`` and ``w2``, split over TP). ``abs``/``max`` (Float8 scales) are one value per tensor:
+    not counted. The count assumes linear layers without bias (``aten.mm``, not ``addmm``).
+
+    Args:
+        model: a dense model with separate Q, K and V projections.
+        layer: the layer index.
+        tp: the TP degree; ``sequence_parallel``: whether the block input and the reduce-scatter
+            outputs are split over the sequence.
+        elem: bytes per element of the compute dtype.
+
+    Returns:
+        Bytes per token (>= 0).
+    """
+    h, a = model.hidden_size, model.num_heads
+    saved = sum(rows * (n / tp if k == h else n) for k, n, rows in _block_mms(model, layer)[0::2])
+    sp = sequence_parallel and tp > 1
+    inputs = h / tp if sp else h
+    scatters = 2 * h / tp if sp else 0.0
+    return elem * (inputs + saved + a * model.v_head_dim / tp + scatters) + 4.0 * a / tp
 
 
 def stored_reduction(ctx, chunk, cache: dict) -> float:
@@ -121,9 +166,12 @@ def stored_reduction(ctx, chunk, cache: dict) -> float:
     the chunk's layers and tokens, split over TP as the stored count is, and the attention
     kernel's saved scores (or log-sum-exp) when the whole attention core is rerun.
 
-    The base is ``recompute none``'s count (what ``compare`` sets for a module list); levels,
-    ``full`` and :data:`EVERY_SECOND_MM` keep their own counts, so they give 0. Under
-    ``kernels eager`` the eager block's saved tensors are not split per operator: 0 as well.
+    The base is ``recompute none``'s count (what ``compare`` sets for a module list); levels and
+    ``full`` keep their own counts, so they give 0. Under ``kernels eager`` the eager block's
+    saved tensors are not split per operator: 0 as well. :data:`EVERY_SECOND_MM` on top of
+    ``none`` or ``selective`` (the published cases' setting) replaces that level's count of every
+    layer (:func:`simtrain.costs.layers.stored_bytes_per_token`, eager or fused) by
+    :func:`every_second_mm_stored_bytes`; on top of ``full`` it gives 0.
 
     Args:
         ctx: the per-operator context (model, parallel, attention kind, rerun names).
@@ -133,10 +181,11 @@ def stored_reduction(ctx, chunk, cache: dict) -> float:
     Returns:
         Bytes (>= 0) per microbatch on this GPU.
     """
-    from .layers import FP8_CACHE_BYTES, layer_shape
+    from .layers import FP8_CACHE_BYTES, layer_shape, stored_bytes_per_token
 
     rerun, parallel = ctx.recompute, ctx.parallel
-    if parallel.recompute != "none" or not rerun or FULL in rerun or EVERY_SECOND_MM in rerun:
+    sac = EVERY_SECOND_MM in rerun and parallel.recompute != "full"
+    if not sac and (parallel.recompute != "none" or not rerun or FULL in rerun or EVERY_SECOND_MM in rerun):
         return 0.0
     replicated = 0.0 if parallel.sequence_parallel else 1.0 - 1.0 / parallel.tp
     per_token = 0.0
@@ -145,9 +194,13 @@ def stored_reduction(ctx, chunk, cache: dict) -> float:
         if kind not in cache:
             ls = layer_shape(ctx.model, layer, ctx.seq, parallel.tp, ctx.elem,
                              FP8_CACHE_BYTES if parallel.activation_cache == "fp8" else None, parallel.kernels == "eager")
-            drop = sum(split / parallel.tp + shared * replicated
-                       for name, (split, shared) in ls.recomputable.items() if name in rerun)
-            if set(ATTENTION_CORE) <= rerun and ls.recomputable:
+            if sac:
+                drop = (stored_bytes_per_token(ls, parallel, ctx.attention == "unfused")
+                        - every_second_mm_stored_bytes(ctx.model, layer, parallel.tp, parallel.sequence_parallel, ctx.elem))
+            else:
+                drop = sum(split / parallel.tp + shared * replicated
+                           for name, (split, shared) in ls.recomputable.items() if name in rerun)
+            if not sac and set(ATTENTION_CORE) <= rerun and ls.recomputable:
                 drop += ls.score_bytes if ctx.attention == "unfused" else ls.lse_bytes
             cache[kind] = drop
         per_token += cache[kind]

@@ -20,7 +20,7 @@ from .context import check_context_parallel, cp_declaration
 from .pipelining import StageBuffers, stage_buffers
 from .saved import applies as saved_applies, eager_head_bytes
 from .trainable import check_trainable, is_frozen, layer_adapter
-from .layers import FP8_CACHE_BYTES, elementwise_s, gemm_seconds, layer_shape, linear_layers
+from .layers import FP8_CACHE_BYTES, elementwise_s, gemm_seconds, layer_shape, linear_layers, stored_bytes_per_token
 from .types import (OPTIMIZER_BYTES_PER_PARAM, ChunkCost, StageCosts, grad_accumulate_bytes_per_param,
                     static_parts_per_param)
 
@@ -119,11 +119,8 @@ def layer_terms(st: _Setting, layer: int) -> LayerTerms:
     frozen, ad = is_frozen(parallel, layer), layer_adapter(model, layer, parallel, tokens, st.hardware)
     gf, gi = gf + ad.forward_s, gi + ad.backward_input_s
     gw = ad.backward_weight_s + (0.0 if frozen else gw)
-    # without sequence parallelism the shared bytes are whole on every TP rank, the rest split by tp
-    replicated = 0.0 if parallel.sequence_parallel else 1.0 - 1.0 / tp
     unfused = st.hardware.attention_kernel(parallel.attention) == "unfused"
-    kept = ls.score_bytes if unfused else ls.lse_bytes  # what attention's backward needs
-    stored = ls.act_bytes + ls.shared_bytes * replicated + (kept if parallel.recompute == "none" else 0.0)
+    stored = stored_bytes_per_token(ls, parallel, unfused)
     if parallel.recompute == "full":
         act = ls.input_bytes * (1 if parallel.sequence_parallel else tp) * tokens
         recompute = gf + attn_f + ew_f

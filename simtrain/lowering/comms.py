@@ -9,6 +9,7 @@ from ..engine import Task
 from ..network import Collective
 from ..schedules.ir import Action, Schedule
 from .items import Lowering, add_delta
+from .zero import sharded_reduction_bytes
 
 
 def weight_grad_finishers(schedule: Schedule) -> set[Action]:
@@ -88,9 +89,9 @@ def add_gradient_reduction(low: Lowering) -> None:
     under ZeRO-1; Li et al. 2020, "PyTorch Distributed", §3.2.3 gradient bucketing) over the DP
     replicas of every rank holding the chunk; routed-expert gradients over the expert-DP group.
     A chunk's copies (DualPipe) reduce bucket i together: each waits for both copies' piece i.
-    Under ZeRO-2/3 every backward reduces its microbatch's gradient, which it holds unsharded from
-    each bucket from its piece's start until it is reduced, with two bucket buffers: a piece waits
-    for the reduction of the bucket two before it (:mod:`simtrain.lowering.zero`)."""
+    Under ZeRO-2/3 every backward reduces its microbatch's gradient with two bucket buffers: a
+    piece waits for the reduction of the bucket two before it; what each bucket holds unsharded
+    is :func:`sharded_reduction_bytes`'s (:mod:`simtrain.lowering.zero`)."""
     parallel, topology, costs = low.topology.parallel, low.topology, low.costs
     holders = gradient_holders(low.schedule)
     op = parallel.dp_reduce_op
@@ -106,7 +107,8 @@ def add_gradient_reduction(low: Lowering) -> None:
         for i, piece in enumerate(anchors):
             rank = piece.rank
             if transient:  # the bucket's unsharded gradient, from its piece's start to its reduction
-                add_delta(piece, "start", rank, dense + experts)
+                produced, reduced = sharded_reduction_bytes(c, costs, pieces)
+                add_delta(piece, "start", rank, produced)
                 earlier = in_flight.setdefault(rank, [])  # (reduction, its piece), in order
                 if len(earlier) >= 2 and earlier[-2][1] is not piece and earlier[-2][0] not in piece.deps:
                     piece.deps.append(earlier[-2][0])  # two bucket buffers (not within one task)
@@ -118,7 +120,7 @@ def add_gradient_reduction(low: Lowering) -> None:
                 name=f"dp grad stage {a.stage} bucket {i}", rank=rank, category="comm", kind="dp", stream="dp",
                 deps=[piece.tid], resources=topology.route(collective, rank, group).resources, duration_s=seconds,
                 stage=a.stage, microbatch=a.microbatch if transient else None, nbytes=dense + experts,
-                mem_end=[(rank, -(dense + experts))] if transient else [],
+                mem_start=[(rank, reduced - produced)] if transient else [], mem_end=[(rank, -reduced)] if transient else [],
             )
             buckets.setdefault(a.stage, []).append((piece, reduce))
             if transient:

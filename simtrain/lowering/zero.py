@@ -12,13 +12,23 @@ after it (FSDP2 ``reshard_after_forward=True``). Per step of one microbatch that
 How simtrain lowers it:
 
 * the gradient reduce-scatter runs after every action that produces weight gradients (each B, or
-  each W when the backward is split), in ``dp_buckets`` buckets on the ``dp`` stream; each bucket's
-  unsharded gradient is held from the start of the compute piece that produces it until it is
-  reduced (DeepSpeed's ``reduce_bucket_size`` buckets). Two buckets are in flight at most: the
-  compute piece of bucket i waits until bucket i-2 of the rank is reduced (DeepSpeed reuses a
-  fixed pair of bucket buffers, ``stage_1_and_2.py``'s double-buffered IPG buckets, and waits for
-  a reduction before refilling one), so a slow network shows as exposed time, not as unbounded
-  memory;
+  each W when the backward is split), in ``dp_buckets`` buckets on the ``dp`` stream. Two buckets
+  are in flight at most: the compute piece of bucket i waits until bucket i-2 of the rank is
+  reduced (DeepSpeed reuses a fixed pair of bucket buffers, ``stage_1_and_2.py``'s double-buffered
+  IPG buckets; FSDP2's ``FSDPParamGroup.post_backward`` makes the compute stream wait for the
+  previous reduce-scatter before it starts the next), so a slow network shows as exposed time,
+  not as unbounded memory;
+* what a bucket holds unsharded is one wrapped unit's gradient, a transformer layer's (torchtitan
+  ``apply_fsdp`` and Megatron-FSDP's ``fsdp_unit_modules`` wrap every block; FSDP1 likewise with a
+  transformer auto-wrap policy), or the bucket's share of the chunk where a bucket is smaller:
+  autograd writes it in the parameter dtype from the start of the piece; once the previous
+  reduce-scatter is done (the wait above) FSDP2's ``foreach_reduce``
+  (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``) copies it into a reduce-scatter
+  input of ``reduce_dtype`` (``grad_reduce_dtype``) and frees it, and that input lives until its
+  reduce-scatter ends: simtrain makes the switch at the reduction's start
+  (:func:`sharded_reduction_bytes`). So the transient gradient is about one layer in each dtype,
+  not the whole model's. DeepSpeed's fixed
+  ``reduce_bucket_size`` (5e8 elements by default) is not modelled apart;
 * ZeRO-3 all-gathers a chunk's parameters before every F, B and I on a ``zero`` stream, one
   collective per layer (``repeat`` = layers). Timing is at chunk granularity: the gather of a
   rank's k-th such action is issued once its (k-2)-th action is done, so it runs while the
@@ -58,6 +68,26 @@ def check_zero(schedule: Schedule, zero_stage: int, holders: dict[int, tuple[int
 def gradient_actions(schedule: Schedule) -> set[Action]:
     """Every action that produces weight gradients: each B and each W of every microbatch."""
     return {a for order in schedule.orders for act in order for a in act.parts if a.kind in ("B", "W")}
+
+
+def sharded_reduction_bytes(chunk, costs, buckets: int) -> tuple[float, float]:
+    """``(produced, reduced)``: the bytes one of a backward's ``buckets`` gradient buckets of
+    ``chunk`` holds on its GPU under ZeRO-2/3, first as autograd's unsharded gradient (parameter
+    dtype, ``costs.grad_bytes_per_param``), then as the reduce-scatter input (``grad_reduce_dtype``,
+    ``costs.grad_reduce_bytes_per_param``). Its parameters: the bucket's share of the chunk's
+    trainable ones, at most one layer's (the FSDP unit; module docstring).
+
+    Args:
+        chunk: a :class:`simtrain.costs.ChunkCost` (``params``, ``frozen_params``, ``layers``).
+        costs: the :class:`simtrain.costs.StageCosts` (bytes per parameter).
+        buckets: buckets per backward (``dp_buckets``, >= 1).
+
+    Returns:
+        Two byte counts (>= 0).
+    """
+    trainable = chunk.params - chunk.frozen_params
+    unit = trainable / max(buckets, len(chunk.layers), 1)
+    return unit * costs.grad_bytes_per_param, unit * costs.grad_reduce_bytes_per_param
 
 
 def param_bytes(low: Lowering, chunk) -> tuple[float, float]:

@@ -153,7 +153,12 @@ class SuiteFile(_Strict):
 class Row:
     """One figure compared: ``error = predicted / published - 1`` (units of ``metric``);
     ``label`` names the figure within its case; ``excluded`` is the reason a figure is kept out of
-    :func:`summarise` (:class:`FigureFile`), None for every judged figure."""
+    :func:`summarise` (:class:`FigureFile`), None for every judged figure.
+
+    For a training figure, ``peak_memory_gib`` is the simulated step's highest peak over its
+    pipeline ranks (GiB), ``hbm_gib`` the GPU's HBM (GiB) and ``fits_in_hbm`` whether the peak is
+    within it; a published run ran, so a figure that does not fit is a memory-model error, whatever
+    its metric. None for a collective figure."""
 
     case: str
     label: str
@@ -162,6 +167,9 @@ class Row:
     predicted: float
     error: float
     excluded: str | None = None
+    peak_memory_gib: float | None = None
+    hbm_gib: float | None = None
+    fits_in_hbm: bool | None = None
 
     @property
     def kind(self) -> str:
@@ -170,7 +178,7 @@ class Row:
 
     def to_row(self) -> dict:
         """The ``validate --published --json`` row: the fields (``excluded`` null unless the figure is
-        kept out of the statistics), then ``kind``."""
+        kept out of the statistics; the memory fields null for a collective), then ``kind``."""
         return {**dataclasses.asdict(self), "kind": self.kind}
 
 
@@ -286,6 +294,7 @@ def run_suite(runtime: Runtime | None = None, path: Path | None = None,
             raise SimtrainError(f"--case {name!r}: not a case of the published suite; choose from {names}")
     rows = []
     for case, fig, where in _figures(suite.cases + suite.network, cases):
+        memory = {}
         if isinstance(case, NetworkCaseFile):
             predicted = _predict_network(fig, load_profile(case.hardware), where) / GB
         else:
@@ -298,8 +307,11 @@ def run_suite(runtime: Runtime | None = None, path: Path | None = None,
             except SimtrainError as exc:
                 raise SimtrainError(f"{where}: {exc}") from None
             predicted = _predict(fig.metric, run, model, parallel, hw, case, fig)
+            rep = run.report
+            memory = dict(peak_memory_gib=max(rep.peak_memory_bytes) / GiB, hbm_gib=rep.hbm_bytes / GiB,
+                          fits_in_hbm=rep.fits_in_hbm)
         rows.append(Row(case.name, fig.label, fig.metric, fig.value, predicted, predicted / fig.value - 1,
-                        fig.excluded))
+                        fig.excluded, **memory))
     return rows
 
 
@@ -340,7 +352,9 @@ def _predict_network(fig: NetworkFigureFile, hw: HardwareProfile, where: str) ->
 
 def summarise(rows: list[Row]) -> dict[str, float]:
     """Median and max ``|error|`` over the judged figures of ``rows`` (``excluded`` None), how many
-    cases and figures they cover, and how many figures were left out (``excluded``).
+    cases and figures they cover, how many figures were left out (``excluded``), and
+    ``over_hbm``: how many judged training figures peak above their GPU's HBM (memory-model errors,
+    :class:`Row`).
 
     Raises:
         ValueError: ``rows`` has no judged figure.
@@ -348,18 +362,27 @@ def summarise(rows: list[Row]) -> dict[str, float]:
     judged = [r for r in rows if r.excluded is None]
     errors = [abs(r.error) for r in judged]
     return dict(median_abs_error=statistics.median(errors), max_abs_error=max(errors),
-                figures=len(judged), cases=len({r.case for r in judged}), excluded=len(rows) - len(judged))
+                figures=len(judged), cases=len({r.case for r in judged}), excluded=len(rows) - len(judged),
+                over_hbm=len(over_hbm(judged)))
+
+
+def over_hbm(rows: list[Row]) -> list[Row]:
+    """The training figures of ``rows`` whose simulated peak exceeds their GPU's HBM, in order."""
+    return [r for r in rows if r.fits_in_hbm is False]
 
 
 def rows_table(rows: list[Row], title: str):
-    """A rich table of ``rows`` (case, figure, metric, published, predicted, error); an excluded
-    figure's error is shown in parentheses (kept out of the statistics)."""
+    """A rich table of ``rows`` (case, figure, metric, published, predicted, error, and a training
+    figure's simulated peak over its HBM in GiB, marked ``OVER`` where it does not fit); an
+    excluded figure's error is shown in parentheses (kept out of the statistics)."""
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("case", "figure", "metric", "published", "predicted", "error"):
-        table.add_column(col, justify="right" if col in ("published", "predicted", "error") else "left")
+    for col in ("case", "figure", "metric", "published", "predicted", "error", "peak/HBM GiB"):
+        table.add_column(col, justify="left" if col in ("case", "figure", "metric") else "right")
     for r in rows:
+        memory = "" if r.peak_memory_gib is None else (
+            f"{r.peak_memory_gib:.1f}/{r.hbm_gib:.0f}" + ("" if r.fits_in_hbm else " OVER"))
         table.add_row(r.case, r.label, r.metric, f"{r.published:.4g}", f"{r.predicted:.4g}",
-                      f"{r.error:+.1%}" if r.excluded is None else f"({r.error:+.1%})")
+                      f"{r.error:+.1%}" if r.excluded is None else f"({r.error:+.1%})", memory)
     return table

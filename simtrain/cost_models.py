@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from .costs import ops as costs_ops
 from .costs import StageCosts
-from .costs.kernels import has_kernel_tables
+from .costs.kernels import flat_only_fields, has_kernel_tables
 from .errors import SimtrainError
 from .hardware import PROFILE_DIR, HardwareProfile
 from .models import ModelSpec
@@ -116,12 +116,13 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
         raise SimtrainError(f"--fp8 = {fp8!r}: the only choice is gemms (FP8 GEMMs, attention in the compute dtype)")
     chosen = cost_model if cost_model != "auto" else ("ops" if has_kernel_tables(hardware) else "flat")
     user_file = hardware.path is not None and hardware.path.resolve().parent != PROFILE_DIR.resolve()
-    if cost_model == "auto" and chosen == "flat" and user_file and hardware.calibration is None and not hardware.linear_rates:
+    if cost_model == "auto" and chosen == "flat" and user_file and hardware.calibration is None \
+            and not flat_only_fields(hardware):
         warnings.warn(f"{hardware.name}: the flat cost model (every GEMM at efficiency.matmul = "
-                      f"{hardware.matmul_efficiency}, memory-bound kernels free): its compute figures (peak_tflops, "
-                      f"efficiency.matmul) are no shipped profile's, so the per-operator kernel tables do not "
-                      f"apply; calibrate it (simtrain calibrate) or pass --cost-model ops to price it by operator",
-                      ScheduleWarning, stacklevel=2)
+                      f"{hardware.matmul_efficiency}, memory-bound kernels free): its compute figures (efficiency.matmul, "
+                      f"peak_tflops of bf16/fp16/fp32/fp8) are no shipped profile's, so the per-operator kernel tables "
+                      f"do not apply; calibrate it (simtrain calibrate), or keep a shipped profile's figures to price "
+                      f"it by operator", ScheduleWarning, stacklevel=2)
     for flag, given in (("--recompute MODULE,...", modules), ("--fp8", fp8)):
         if given is not None and chosen == "flat":
             why = "--cost-model flat was chosen" if cost_model == "flat" else f"{hardware.name} has no kernel tables (a calibrated profile, or an edited copy of a shipped one, keeps its own numbers)"

@@ -28,7 +28,7 @@ from .costs.kernels import flat_only_fields, has_kernel_tables
 from .errors import SimtrainError
 from .hardware import PROFILE_DIR, HardwareProfile
 from .models import ModelSpec
-from .parallel import ParallelConfig
+from .parallel import ParallelConfig, flag_name
 from .scenario import ScheduleRun
 from .schedules.ir import ScheduleWarning
 
@@ -51,6 +51,9 @@ class CostChoice:
     recompute: str | None = None
     fp8: str | None = None
     attention: str = "flash"
+    name: Callable[[str, object], str] = dataclasses.field(default=flag_name, compare=False, repr=False)
+    """How a refusal names a parallel setting (:func:`simtrain.parallel.flag_name`; a scenario
+    file's loader: its field, :func:`simtrain.cli.settings.setting_name`; the Python API: its argument)."""
 
     def runtime(self, model: ModelSpec, parallel: ParallelConfig, hardware: HardwareProfile,
                 host_bound: bool = True) -> Callable[[StageCosts], StageCosts] | None:
@@ -64,7 +67,7 @@ class CostChoice:
         if self.model == "flat":
             return None
         return costs_ops.ops_runtime(model, parallel, hardware, self.attention, self.recompute, self.fp8,
-                                     host_bound)
+                                     host_bound, self.name)
 
 
 def recompute_modules(recompute: str | None, where: str = "--recompute") -> str | None:
@@ -137,13 +140,13 @@ def check_kernels(choice: CostChoice, parallel) -> None:
     point checks this, CLI and API alike).
 
     Raises:
-        SimtrainError: one line naming the setting.
+        SimtrainError: one line naming the setting (``choice.name``: the flag, or the file's field).
     """
     if parallel.kernels != "fused" and choice.model != "ops":
-        raise SimtrainError(f"--kernels {parallel.kernels}: prices the per-operator model's memory-bound operators, "
+        raise SimtrainError(f"{choice.name('kernels', parallel.kernels)}: prices the per-operator model's memory-bound operators, "
                             "and the flat cost model runs here (--cost-model ops, on a profile with kernel tables)")
     if parallel.attention_kernel is not None and choice.model != "ops":
-        raise SimtrainError(f"--attention-kernel {parallel.attention_kernel}: prices attention from the per-operator "
+        raise SimtrainError(f"{choice.name('attention_kernel', parallel.attention_kernel)}: prices attention from the per-operator "
                             "model's measured kernel tables, and the flat cost model runs here (--cost-model ops, on a "
                             "profile with kernel tables)")
 

@@ -36,3 +36,22 @@ def test_calibrate_refuses_or_takes_the_devices_memory():
     assert name == "a100-sxm-80gb" and data["hbm_gib"] == pytest.approx(39.4, rel=1e-3)
     data, _ = base_profile_data(None, "cuda", "NVIDIA A100-SXM4-80GB", 79.1 * GIB)
     assert data["hbm_gib"] == 80  # the datasheet capacity where the device is the profile
+
+
+@pytest.mark.parametrize("hardware, parallel, args, needle", [
+    ("h100-sxm", "{tp: 8, attention_kernel: fa4}", [],
+     "error: s.yaml: field 'parallel.attention_kernel' = 'fa4': op_data.yaml has no measured rate"),
+    ("h100-pcie", "{tp: 8, kernels: eager}", [], "error: s.yaml: field 'parallel.kernels' = 'eager': prices the"),
+    ("h100-sxm", "{tp: 8, recompute: mla_up}", [], "error: s.yaml: field 'parallel.recompute' = 'mla_up': llama3-8b has no"),
+    ("h100-sxm", "{tp: 8, attention_kernel: fa2}", ["--attention", "unfused"],
+     "error: s.yaml: field 'parallel.attention_kernel' = 'fa2': names a fused-attention kernel, and attention is "
+     "unfused (set --attention flash or leave the kernel out)"),
+])
+def test_a_scenario_files_settings_are_named_as_its_fields(tmp_path, monkeypatch, hardware, parallel, args, needle):
+    """Review 10: these errors named flags the user never typed (``--attention-kernel fa4``, ...)."""
+    from conftest import invoke
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text(f"model: llama3-8b\nhardware: {hardware}\nparallel: {parallel}\nschedules: [1f1b]\n")
+    res = invoke("compare", "s.yaml", *args, "--json")
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith(needle), res.output

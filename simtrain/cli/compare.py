@@ -147,8 +147,9 @@ def compare(
                      {"--cost-model": None if cost_model == "auto" else cost_model, "--recompute": modules, "--fp8": fp8,
                       "--breakdown": breakdown, "--tp-overlap": tp_overlap or None,
                       "--tp-overlap-fraction": tp_overlap_fraction})
-    choice = parse_cost_choice(cost_model, modules, fp8, st.hardware.attention_kernel(st.parallel.attention),
-                               st.hardware)
+    choice = replace(parse_cost_choice(cost_model, modules, fp8,
+                                       st.hardware.attention_kernel(st.parallel.attention), st.hardware),
+                     name=st.name)
     check_kernels(choice, st.parallel)
     check_dtype(st.hardware, st.parallel, choice.model == "ops", "--dtype" if dtype else
                 f"{st.source}: field 'parallel.dtype'" if "dtype" in st.parallel.model_fields_set else None)

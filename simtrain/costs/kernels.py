@@ -74,15 +74,20 @@ class KernelRates:
                 rate += w * table[tuple(i + bit for i, bit in zip(idx, bits))]
         return float(rate * scale)  # a Python float: numpy scalars slow every sum the simulator does with them
 
-    def attention_kernel(self, kernel: str | None = None) -> AttentionKernel:
+    def attention_kernel(self, kernel: str | None = None, where: str | None = None) -> AttentionKernel:
         """The rates of fused-attention ``kernel`` (None: :attr:`attention_default`).
+
+        Args:
+            kernel: a name of :data:`ATTENTION_KERNELS`, or None.
+            where: how a refusal names the setting (``--attention-kernel fa4``, a scenario file's
+                field); default ``attention kernel NAME``.
 
         Raises:
             SimtrainError: this kind has no measured rate for that kernel (the message lists those it has).
         """
         name = kernel or self.attention_default
         if name not in self.attention:
-            raise SimtrainError(f"--attention-kernel {name}: op_data.yaml has no measured rate of that fused-attention "
+            raise SimtrainError(f"{where or f'attention kernel {name}'}: op_data.yaml has no measured rate of that fused-attention "
                                 f"kernel on GPU kind {self.kind}; measured: {', '.join(sorted(self.attention)) or 'none'}")
         return self.attention[name]
 

@@ -55,3 +55,62 @@ def test_a_scenario_files_settings_are_named_as_its_fields(tmp_path, monkeypatch
     (tmp_path / "s.yaml").write_text(f"model: llama3-8b\nhardware: {hardware}\nparallel: {parallel}\nschedules: [1f1b]\n")
     res = invoke("compare", "s.yaml", *args, "--json")
     assert res.exit_code == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith(needle), res.output
+
+
+_TOML = """[model]
+name = "llama3"
+flavor = "8B"
+{converters}
+[training]
+local_batch_size = 8
+seq_len = 2048
+[parallelism]
+data_parallel_shard_degree = 2
+pipeline_parallel_degree = 2
+{compile}
+"""
+
+
+@pytest.mark.parametrize("compile_, kernels", [
+    ("", "eager"), ("[compile]\nenable = true", "fused"), ("[compile]\nenable = true\ncomponents = ['model']",
+                                                           "compiled-blocks"),
+    ("[compile]\nenable = false", "eager"),
+])
+def test_torchtitan_jobs_are_imported_as_the_published_torchtitan_cases_model_them(tmp_path, compile_, kernels):
+    """Review 10: float8 became dtype fp8 (runs.yaml: fp8 gemms), compile was ignored, and the
+    attention kernel stayed H100's cuDNN default (runs.yaml: torchtitan's SDPA ran FA2 there)."""
+    from simtrain.hardware import load_profile
+    from simtrain.importers.torchtitan import read_torchtitan_toml
+    from simtrain.parallel import ParallelConfig
+
+    path = tmp_path / "job.toml"
+    path.write_text(_TOML.format(converters='converters = ["float8"]', compile=compile_))
+    job = read_torchtitan_toml(path)
+    assert job.parallel["dtype"] == "bf16" and job.fp8 == "gemms"
+    assert job.parallel["zero_impl"] == "fsdp2" and job.parallel["zero_stage"] == 2
+    par = ParallelConfig(**job.parallel)
+    ops = job.for_cost_model(par, "ops", load_profile("h100-sxm"))
+    assert ops.kernels == kernels and ops.attention_kernel == "fa2"
+    assert job.for_cost_model(par, "ops", load_profile("b200")).attention_kernel is None  # sm_100: the kind's default
+    assert job.for_cost_model(par, "flat", load_profile("h100-sxm")) == par  # the flat model refuses both
+    path.write_text(_TOML.format(converters="", compile=""))
+    assert read_torchtitan_toml(path).fp8 is None
+
+
+def test_a_torchtitan_job_runs_with_fp8_gemms_under_compare(tmp_path):
+    from conftest import invoke
+    import json
+
+    path = tmp_path / "job.toml"
+    path.write_text(_TOML.format(converters='converters = ["float8"]', compile="[compile]\nenable = true"))
+    res = invoke("compare", "--from-torchtitan", str(path), "--hardware", "h100-sxm", "--json")
+    assert res.exit_code == 0, res.output
+    assert "with the per-operator cost model: kernels fused, fp8 gemms" in res.stderr
+    plain = tmp_path / "bf16.toml"
+    plain.write_text(_TOML.format(converters="", compile="[compile]\nenable = true"))
+    bf16 = invoke("compare", "--from-torchtitan", str(plain), "--hardware", "h100-sxm", "--json")
+    assert json.loads(res.stdout)[0]["step_time_s"] < json.loads(bf16.stdout)[0]["step_time_s"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(_TOML.format(converters="", compile="[compile]\nenable = 'yes'"))
+    err = invoke("compare", "--from-torchtitan", str(bad), "--hardware", "h100-sxm", "--json")
+    assert err.exit_code == 2 and "compile.enable = 'yes': expected true or false" in err.stderr

@@ -150,6 +150,9 @@ def compare(
     choice = replace(parse_cost_choice(cost_model, modules, fp8,
                                        st.hardware.attention_kernel(st.parallel.attention), st.hardware),
                      name=st.name)
+    if job and choice.model == "ops":  # what the job implies for the per-operator model only
+        st = replace(st, parallel=job.for_cost_model(st.parallel, choice.model, st.hardware))
+        choice = replace(choice, fp8=choice.fp8 or job.fp8)
     check_kernels(choice, st.parallel)
     check_dtype(st.hardware, st.parallel, choice.model == "ops", "--dtype" if dtype else
                 f"{st.source}: field 'parallel.dtype'" if "dtype" in st.parallel.model_fields_set else None)

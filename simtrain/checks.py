@@ -345,6 +345,14 @@ def _check_settings_apply(names: list[str], parallel: ParallelConfig, given: set
                         "into I and W, so nothing waits for a W")
     if parallel.grad_reduce_op is not None and parallel.dp == 1:
         _not_applicable("--grad-reduce-op", "grad_reduce_op" in given, "there is no DP gradient reduction with --dp 1")
+    if parallel.zero_impl == "fsdp2" and parallel.zero_stage < 2:
+        _not_applicable("--zero-impl", "zero_impl" in given, f"fsdp2 prices FSDP2's copy-out of gathered parameters, and "
+                        f"zero_stage {parallel.zero_stage} keeps every parameter whole (FSDP2 shards gradients too: ZeRO-2 or 3)")
+    elif parallel.zero_impl == "fsdp2" and parallel.zero_stage == 2:
+        _warn("zero_impl fsdp2 with zero_stage 2 (FSDP2 with reshard_after_forward False): the parameters stay "
+              "gathered from a step's first forward to its last backward, so FSDP2 copies them out of the all-gather "
+              "buffer once per step, not before every F and I as under ZeRO-3 (FSDPParamGroup.unshard is a no-op "
+              "while they are unsharded, torch fully_shard's _fsdp_param_group.py); that one copy per step is not priced")
 
 
 def check_simplified(fixed_times: str | None, free_comm: str | None, typed: dict[str, object]) -> None:
@@ -356,13 +364,15 @@ def check_simplified(fixed_times: str | None, free_comm: str | None, typed: dict
         free_comm: where communication is made free (``--no-comm``, a scenario's field), or None.
         typed: the flags the user typed (None: not typed): ``--cost-model`` (other than auto),
             ``--recompute`` operator lists (memory is kept as for ``none``; only I is priced),
-            ``--fp8``, ``--breakdown``, ``--tp-overlap`` and ``--tp-overlap-fraction``.
+            ``--fp8``, ``--breakdown``, ``--attention-kernel``, ``--kernels`` (given only where it
+            moves durations alone: ``compiled-blocks``; ``eager`` also sets the stored
+            activations), ``--tp-overlap`` and ``--tp-overlap-fraction``.
 
     Raises:
         SimtrainError: the first such flag, naming what makes it idle.
     """
     if fixed_times is not None:
-        for flag in ("--cost-model", "--recompute", "--fp8", "--breakdown"):
+        for flag in ("--cost-model", "--recompute", "--fp8", "--breakdown", "--attention-kernel", "--kernels"):
             if typed.get(flag) is not None:
                 raise SimtrainError(f"{flag} {typed[flag]}: changes only the compute cost model's durations, and "
                                     f"{fixed_times} fixes every duration; drop one of them")

@@ -114,3 +114,28 @@ def test_a_torchtitan_job_runs_with_fp8_gemms_under_compare(tmp_path):
     bad.write_text(_TOML.format(converters="", compile="[compile]\nenable = 'yes'"))
     err = invoke("compare", "--from-torchtitan", str(bad), "--hardware", "h100-sxm", "--json")
     assert err.exit_code == 2 and "compile.enable = 'yes': expected true or false" in err.stderr
+
+
+@pytest.mark.parametrize("flag", [["--attention-kernel", "fa2"], ["--kernels", "compiled-blocks"]])
+def test_settings_fixed_op_times_make_idle_are_refused(flag):
+    from conftest import SMALL, invoke
+
+    res = invoke("compare", *SMALL, "--schedules", "1f1b", "--op-times", "1,1,1", *flag, "--json")
+    assert res.exit_code == 2 and res.stderr.startswith(f"error: {' '.join(flag)}: changes only the compute cost "
+                                                        "model's durations, and --op-times fixes every duration")
+
+
+@pytest.mark.parametrize("stage, needle", [
+    (1, "warning: scenario field 'zero_impl' is ignored: fsdp2 prices FSDP2's copy-out"),
+    (2, "warning: zero_impl fsdp2 with zero_stage 2 (FSDP2 with reshard_after_forward False)"),
+    (3, None),
+])
+def test_fsdp2_below_zero3_is_flagged(tmp_path, monkeypatch, stage, needle):
+    from conftest import invoke
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text("model: llama3-8b\nhardware: h100-sxm\nparallel: {tp: 1, pp: 2, dp: 4, "
+                                     f"microbatches: 4, zero_stage: {stage}, zero_impl: fsdp2}}\nschedules: [1f1b]\n")
+    res = invoke("compare", "s.yaml", "--json")
+    assert res.exit_code == 0, res.output
+    assert (needle in res.stderr) if needle else "zero_impl" not in res.stderr

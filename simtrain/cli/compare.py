@@ -145,7 +145,8 @@ def compare(
     check_simplified("--op-times" if op_times else f"{st.source}: field 'op_times'" if st.op_times else None,
                      "--no-comm" if no_comm else f"{st.source}: field 'no_comm'" if not st.comm else None,
                      {"--cost-model": None if cost_model == "auto" else cost_model, "--recompute": modules, "--fp8": fp8,
-                      "--breakdown": breakdown, "--tp-overlap": tp_overlap or None,
+                      "--breakdown": breakdown, "--attention-kernel": attention_kernel,
+                      "--kernels": kernels if kernels == "compiled-blocks" else None, "--tp-overlap": tp_overlap or None,
                       "--tp-overlap-fraction": tp_overlap_fraction})
     choice = replace(parse_cost_choice(cost_model, modules, fp8,
                                        st.hardware.attention_kernel(st.parallel.attention), st.hardware),

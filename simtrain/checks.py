@@ -355,7 +355,8 @@ def _check_settings_apply(names: list[str], parallel: ParallelConfig, given: set
               "while they are unsharded, torch fully_shard's _fsdp_param_group.py); that one copy per step is not priced")
 
 
-def check_simplified(fixed_times: str | None, free_comm: str | None, typed: dict[str, object]) -> None:
+def check_simplified(fixed_times: str | None, free_comm: str | None, typed: dict[str, object],
+                     name: Callable[[str, object], str] | None = None) -> None:
     """Refuse typed flags that only price what fixed op-times replace or what free communication
     removes, so they would change nothing.
 
@@ -368,19 +369,25 @@ def check_simplified(fixed_times: str | None, free_comm: str | None, typed: dict
             moves durations alone: ``compiled-blocks``; ``eager`` also sets the stored
             activations), ``--tp-overlap`` and ``--tp-overlap-fraction``.
 
+        name: how a message names a setting from its field and value (None: the flag, as typed;
+            the Python API passes :func:`simtrain.api.argument_name`).
+
     Raises:
         SimtrainError: the first such flag, naming what makes it idle.
     """
+    def said(flag: str, value: object) -> str:
+        return f"{flag} {value}" if name is None else name(flag.lstrip("-").replace("-", "_"), value)
+
     if fixed_times is not None:
         for flag in ("--cost-model", "--recompute", "--fp8", "--breakdown", "--attention-kernel", "--kernels"):
             if typed.get(flag) is not None:
-                raise SimtrainError(f"{flag} {typed[flag]}: changes only the compute cost model's durations, and "
+                raise SimtrainError(f"{said(flag, typed[flag])}: changes only the compute cost model's durations, and "
                                     f"{fixed_times} fixes every duration; drop one of them")
     if free_comm is not None:
         for flag in ("--tp-overlap", "--tp-overlap-fraction"):
             if typed.get(flag) is not None:
-                raise SimtrainError(f"{flag}: hides TP collectives behind compute, and {free_comm} makes every "
-                                    "collective free; drop one of them")
+                raise SimtrainError(f"{flag if name is None else said(flag, typed[flag])}: hides TP collectives behind "
+                                    f"compute, and {free_comm} makes every collective free; drop one of them")
 
 
 def check_dtype(hardware: HardwareProfile, parallel: ParallelConfig, ops: bool, where: str | None) -> None:

@@ -138,7 +138,7 @@ def _written_by_simtrain(path: Path) -> bool:
 
 
 def check_output_path(path: Path, flag: str, suffix: str | tuple[str, ...], inputs: Iterable[Path] = (),
-                      force: bool = False) -> Path:
+                      force: bool = False, force_name: str = "--force") -> Path:
     """Refuse an output path that would overwrite an input or a user's file, or has the wrong type.
 
     Args:
@@ -149,6 +149,7 @@ def check_output_path(path: Path, flag: str, suffix: str | tuple[str, ...], inpu
         inputs: files this command reads (scenario, model, profile, schedule file, measured
             traces); none may be overwritten, even with ``force``.
         force: allow overwriting an existing file that simtrain did not write.
+        force_name: how the refusal names that permission (the flag, or the API's ``force=True``).
 
     Returns:
         ``path``.
@@ -169,7 +170,7 @@ def check_output_path(path: Path, flag: str, suffix: str | tuple[str, ...], inpu
             raise SimtrainError(f"{flag} = {str(path)!r}: is an input of this command; refusing to overwrite it")
     if path.exists() and not force and not _written_by_simtrain(path):
         raise SimtrainError(f"{flag} = {str(path)!r}: the file exists and was not written by simtrain; "
-                            "choose another name or pass --force to overwrite it")
+                            f"choose another name or pass {force_name} to overwrite it")
     atomic.check_writable(path, flag)  # before the simulation, not after it
     return path
 

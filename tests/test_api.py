@@ -110,7 +110,7 @@ def test_the_api_takes_and_refuses_what_compare_does(tmp_path, monkeypatch):
     were refused, an empty schedule list returned nothing, write_html overwrote a user's file."""
     from simtrain.errors import SimtrainError
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SimtrainError, match="--kernels eager"):
+    with pytest.raises(SimtrainError, match="kernels=.eager.: prices the per-operator model"):
         simtrain.simulate("llama3-8b", "h100-sxm", tp=8, cost_model="flat", kernels="eager")
     with pytest.raises(SimtrainError, match=r"schedules = \[\]"):
         simtrain.compare("llama3-8b", "h100-sxm", tp=8, schedules=[])

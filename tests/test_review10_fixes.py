@@ -139,3 +139,40 @@ def test_fsdp2_below_zero3_is_flagged(tmp_path, monkeypatch, stage, needle):
     res = invoke("compare", "s.yaml", "--json")
     assert res.exit_code == 0, res.output
     assert (needle in res.stderr) if needle else "zero_impl" not in res.stderr
+
+
+def test_the_api_warns_at_the_callers_line_and_names_its_arguments():
+    """Review 10: a step over HBM came back without a warning, warnings showed simtrain's own
+    source line, and messages named CLI flags (``--tp 3``, ``--attention-kernel``)."""
+    import warnings
+
+    import simtrain
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rep = simtrain.simulate(model="llama3-8b", hardware="h100-sxm", tp=16, schedule="1f1b", seq_len=262144,
+                                max_tasks=10**7)
+    assert not rep.fits_in_hbm
+    assert [w.filename for w in caught] == [__file__] * len(caught) and len(caught) == 3
+    messages = [str(w.message) for w in caught]
+    assert any(m.startswith("1f1b does not fit in HBM: rank 0 peaks at") for m in messages)
+    assert any(m.startswith("tp=16 > 8 GPUs per node of h100-sxm") for m in messages)
+    for kwargs, needle in [(dict(tp=3), "tp=3: must divide the model's 32 attention heads"),
+                           (dict(tp=8, attention_kernel="fa4"), "attention_kernel='fa4': op_data.yaml has no"),
+                           (dict(tp=8, recompute="mla_up"), "recompute='mla_up': llama3-8b has no 'mla_up'"),
+                           (dict(tp=8, op_times=(1, 1, 1), attention_kernel="fa2"), "attention_kernel='fa2': changes only")]:
+        with pytest.raises(SimtrainError) as exc:
+            simtrain.simulate(model="llama3-8b", hardware="h100-sxm", schedule="1f1b", **kwargs)
+        assert str(exc.value).startswith(needle) and "--" not in str(exc.value), exc.value
+
+
+def test_the_api_takes_a_comma_list_of_schedules_and_names_force(tmp_path):
+    import simtrain
+
+    comparison = simtrain.compare(model="llama3-8b", hardware="h100-sxm", tp=8, pp=2, microbatches=4,
+                                  schedules="1f1b, zbv")
+    assert [r.schedule for r in comparison] == ["1f1b", "zbv"]
+    mine = tmp_path / "mine.html"
+    mine.write_text("a user's file")
+    with pytest.raises(SimtrainError, match="pass force=True to overwrite it"):
+        comparison.write_html(mine)

@@ -30,7 +30,7 @@ from .checks import (MAX_OP_TIME_S, MAX_TASKS, check_applicable, check_max_tasks
 from .cost_models import check_kernels, hfu, parse_cost_choice, recompute_modules
 from .costs.stage import check_settings
 from .schedules.ir import ScheduleWarning
-from .export import check_output_path
+from .export import check_output_path, with_lanes
 from .scenario import ScheduleRun, run_schedule
 
 __all__ = ["simulate", "compare", "load_model", "load_hardware", "Report", "Comparison"]
@@ -65,7 +65,8 @@ class Report(_MetricsReport):
     :class:`simtrain.metrics.Report` for their definitions), plus
 
     Attributes:
-        trace: the task table (one row per compute/communication task; ``start_s``, ``end_s`` in s).
+        trace: the task table (one row per compute/communication task; ``start_s``, ``end_s`` in s),
+            with the CSV's ``lane`` column (:func:`simtrain.export.with_lanes`).
         memory: the memory table (``rank``, ``time_s``, ``bytes``).
         run: the :class:`~simtrain.scenario.ScheduleRun` (schedule, costs, engine result).
 
@@ -80,7 +81,7 @@ class Report(_MetricsReport):
     def from_run(cls, run: ScheduleRun) -> Report:
         """Wrap a :class:`ScheduleRun` (its metrics report, trace and memory)."""
         row = {name: getattr(run.report, name) for name in run.report.__dataclass_fields__}
-        return cls(**row, trace=run.result.trace, memory=run.result.memory, run=run)
+        return cls(**row, trace=with_lanes(run.result.trace), memory=run.result.memory, run=run)
 
     def to_row(self) -> dict:
         """The ``--json`` row: a JSON-serialisable dict without the trace and memory tables."""
@@ -100,9 +101,9 @@ class Comparison(list):
 
     def to_frame(self) -> pd.DataFrame:
         """One row per schedule with the scalar fields of the ``--json`` row, plus
-        ``peak_memory_bytes``: the worst rank's peak (the row's per-rank list, maximised)."""
+        ``peak_memory_bytes_max``: the worst rank's peak (the row's per-rank ``peak_memory_bytes``, maximised)."""
         rows = [{**{k: v for k, v in r.to_row().items() if not isinstance(v, (list, dict))},
-                 "peak_memory_bytes": max(r.peak_memory_bytes)} for r in self]
+                 "peak_memory_bytes_max": max(r.peak_memory_bytes)} for r in self]
         return pd.DataFrame(rows)
 
     def write_html(self, path: str | Path, title: str = "simtrain comparison", force: bool = False) -> Path:

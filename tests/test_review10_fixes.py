@@ -176,3 +176,28 @@ def test_the_api_takes_a_comma_list_of_schedules_and_names_force(tmp_path):
     mine.write_text("a user's file")
     with pytest.raises(SimtrainError, match="pass force=True to overwrite it"):
         comparison.write_html(mine)
+
+
+def test_json_keys_keep_one_meaning_and_the_csv_writes_whole_numbers(tmp_path):
+    """Review 10: peak_memory_bytes was a per-rank list in compare rows but a scalar in plan and
+    sweep rows; sweep's ``error`` (a message) clashed with validate's (a fraction); the CSV wrote
+    stage and microbatch as 0.0; Report.trace lacked the CSV's lane column."""
+    import csv
+    import json
+
+    import simtrain
+    from conftest import SMALL, invoke
+
+    res = invoke("compare", *SMALL, "--schedules", "1f1b", "--sweep", "microbatches=8,16", "--json",
+                 "--csv", str(tmp_path / "t.csv"))
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert all(isinstance(r["peak_memory_bytes"], list) for r in doc["runs"])
+    for row in doc["sweep"]:
+        assert "peak_memory_bytes" not in row and "error" not in row and row["error_message"] is None
+        assert isinstance(row["peak_memory_bytes_max"], float)
+    rows = list(csv.DictReader((tmp_path / "t.csv").open()))
+    assert {r["stage"] for r in rows if r["stage"]} == {"0", "1", "2", "3"}
+    assert all(r["microbatch"] == "" or r["microbatch"].isdigit() for r in rows)
+    rep = simtrain.simulate(model="llama3-8b", hardware="h100-sxm", tp=2, pp=4, dp=2, microbatches=8, seq_len=2048)
+    assert list(rep.trace.columns) == [c for c in rows[0] if c != "schedule"]

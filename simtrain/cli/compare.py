@@ -325,13 +325,13 @@ def _run_compare(st: Settings, plan: _ComparePlan, choice: CostChoice,
             sweep_rows = run_sweep(plan.names, spec, hw, parallel, plan.sweep, op_times=times, comm=comm,
                                    on_point=advance, runtime=lambda par: choice.runtime(spec, par, hw),
                                    describe=lambda exc: exc.named(namer) if isinstance(exc, SettingsError) else str(exc))
-            if sweep_rows["error"].notna().all():
-                raise SimtrainError(f"--sweep: no point could be simulated; first reason: {sweep_rows['error'].iloc[0]}")
+            if sweep_rows["error_message"].notna().all():
+                raise SimtrainError(f"--sweep: no point could be simulated; first reason: {sweep_rows['error_message'].iloc[0]}")
         for r in runs:
             check_finite(r.report.to_row(), r.report.schedule)
         if sweep_rows is not None:
-            done = sweep_rows[sweep_rows["error"].isna()]  # a NaN mfu there is a None (fixed op-times)
-            check_finite(done.drop(columns=["error", "mfu"]).assign(mfu=done["mfu"].fillna(0.0)).to_dict("records"),
+            done = sweep_rows[sweep_rows["error_message"].isna()]  # a NaN mfu there is a None (fixed op-times)
+            check_finite(done.drop(columns=["error_message", "mfu"]).assign(mfu=done["mfu"].fillna(0.0)).to_dict("records"),
                          "--sweep")
     return runs, sweep_rows
 
@@ -465,8 +465,8 @@ def _print_sweep(rows: pd.DataFrame, field: str) -> None:
     for c in SWEEP_COLUMNS:
         table.add_column(c.cli.format(field=field), justify="left" if c.key == "schedule" else "right")
     for r in rows.to_dict("records"):
-        if isinstance(r.get("error"), str):
-            table.add_row(*(c.terminal(r) for c in SWEEP_COLUMNS[:2]), f"[red]not simulated: {r['error']}[/red]",
+        if isinstance(r.get("error_message"), str):
+            table.add_row(*(c.terminal(r) for c in SWEEP_COLUMNS[:2]), f"[red]not simulated: {r['error_message']}[/red]",
                           *[""] * (len(SWEEP_COLUMNS) - 3))
             continue
         table.add_row(*(c.terminal(r) for c in SWEEP_COLUMNS))

@@ -124,12 +124,14 @@ def check_max_tasks(max_tasks: object, where: str = "max_tasks") -> int:
     return max_tasks
 
 
-def _refuse_work(total: int, max_tasks: int, what: str, api: bool = False) -> None:
+def _refuse_work(total: int, max_tasks: int, what: str, api: bool = False, swept: str | None = None) -> None:
     """Refuse ``total`` estimated tasks above ``max_tasks``; the advice names the CLI's flags, or
-    with ``api`` the Python API's arguments."""
+    with ``api`` the Python API's arguments, and with ``swept`` (a sweep's field) its values first."""
     if total > max_tasks:
+        others = [f for f in ("--microbatches", "--pp") if f != f"--{swept}"]
+        lower = " or ".join([f"the sweep's {swept} values"] * bool(swept) + others)
         advice = (f"lower microbatches or pp, or pass max_tasks={total}" if api
-                  else f"lower --microbatches or --pp, or pass --max-tasks {total}")
+                  else f"lower {lower}, or pass --max-tasks {total}")
         raise SimtrainError(
             f"{what} is about {total:,} tasks, above the ceiling of {max_tasks:,} (a few minutes and GB); "
             f"{advice} to run it anyway")
@@ -181,8 +183,12 @@ def check_work(names: list[str], model: ModelSpec, parallel: ParallelConfig, max
     points = [parallel] + ([parallel.model_copy(update={sweep[0]: v}) for v in sweep[1]] if sweep else [])
     _check_layer_work(model, max(len(names), 1) * len(points), max_tasks, api)  # an imported order alone: 1 run
     total = sum(estimate_tasks(name, model, point) for point in points for name in names)
-    _refuse_work(total, max_tasks, f"simulating {', '.join(names) or 'the schedule'} at pp {parallel.pp}, "
-                 f"{parallel.microbatches} microbatches" + (f" and {len(sweep[1])} sweep points" if sweep else ""), api)
+    parts = {"pp": f"pp {parallel.pp}", "microbatches": f"{parallel.microbatches} microbatches"}
+    if sweep:  # the swept field's base value is not simulated: its sweep values are
+        parts[sweep[0]] = f"sweep {sweep[0]}={','.join(str(v) for v in sweep[1])} ({len(sweep[1])} points)"
+    where = ", ".join(parts.values())
+    _refuse_work(total, max_tasks, f"simulating {', '.join(names) or 'the schedule'} at {where}", api,
+                 sweep[0] if sweep else None)
     return total
 
 

@@ -201,3 +201,30 @@ def test_json_keys_keep_one_meaning_and_the_csv_writes_whole_numbers(tmp_path):
     assert all(r["microbatch"] == "" or r["microbatch"].isdigit() for r in rows)
     rep = simtrain.simulate(model="llama3-8b", hardware="h100-sxm", tp=2, pp=4, dp=2, microbatches=8, seq_len=2048)
     assert list(rep.trace.columns) == [c for c in rows[0] if c != "schedule"]
+
+
+def test_minor_messages_of_review_10(tmp_path):
+    """Review 10 item 12: a sweep's task refusal named the base microbatches, not the swept ones;
+    calibrate --base nope did not name --base; two rates for one GEMM shape were accepted;
+    validate's table printed 14451 as 1.445e+04."""
+    from conftest import invoke
+
+    from simtrain.calibration.profile import base_profile_data
+    from simtrain.hardware import PROFILE_DIR, load_profile
+    from simtrain.published import _figure
+
+    res = invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--tp", "8", "--pp", "8",
+                 "--schedules", "1f1b", "--sweep", "microbatches=4,1000000", "--json")
+    assert res.exit_code == 2 and "at pp 8, sweep microbatches=4,1000000 (2 points) is about" in res.stderr
+    assert "lower the sweep's microbatches values or --pp" in res.stderr
+    with pytest.raises(SimtrainError, match=r"^--base nope: unknown hardware 'nope'"):
+        base_profile_data("nope", "cuda", "NVIDIA H100 80GB HBM3")
+    row = "      - {tokens: 4096, fan_in: 4096, fan_out: 4096, kind: F, tflops: %d}\n"
+    (tmp_path / "dup.yaml").write_text((PROFILE_DIR / "h100-sxm.yaml").read_text().replace("name: h100-sxm", "name: d")
+                                       + "compute:\n  linear_tflops:\n    bf16:\n" + row % 600 + row % 300)
+    with pytest.raises(SimtrainError, match=r"'compute.linear_tflops.bf16.0' and 'compute.linear_tflops.bf16.1': "
+                                            "one shape .* with two different rates"):
+        load_profile(tmp_path / "dup.yaml")
+    (tmp_path / "same.yaml").write_text((tmp_path / "dup.yaml").read_text().replace("tflops: 300", "tflops: 600"))
+    assert load_profile(tmp_path / "same.yaml").linear_rates  # a repeated row with the same rate is harmless
+    assert [_figure(x) for x in (14451.3, 950.25, 0.91234)] == ["14,451", "950.2", "0.9123"]

@@ -71,7 +71,10 @@ def base_profile_data(base: str | None, device: str, device_name: str,
             )
     if base is None:
         return {}, ""
-    path = resolve_profile_path(base)
+    try:
+        path = resolve_profile_path(base)
+    except SimtrainError as exc:
+        raise SimtrainError(f"--base {base}: {exc}") from None
     data = load_yaml_file(path)
     validate_model(ProfileFile, data, str(path))
     if device == "cuda" and memory_bytes and not _same_memory(data["hbm_gib"], memory_bytes):

@@ -73,7 +73,7 @@ def main() -> None:
           f"{t_search / t_ref:.1f} reference simulations ({cost.model}), {t_search / times['flat']:.1f} (flat)")
     best = summary["best"]
     print(f"best: {config_label(best)}: step {best['step_time_s']:.2f} s, MFU {best['mfu']:.1%}, "
-          f"peak {best['peak_memory_bytes'] / 2**30:.1f} GiB")
+          f"peak {best['peak_memory_bytes_max'] / 2**30:.1f} GiB")
     print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import sys
+import warnings
 from numbers import Real
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +25,12 @@ from .metrics import Report as _MetricsReport
 from .models import ModelSpec
 from .models import load_model as _load_model
 from .parallel import ParallelConfig
-from .checks import (MAX_OP_TIME_S, MAX_TASKS, check_applicable, check_max_tasks, check_dtype, check_schedule_names, check_structure,
-                     op_times_ok)
+from .checks import (MAX_OP_TIME_S, MAX_TASKS, check_applicable, check_max_tasks, check_dtype, check_schedule_names,
+                     check_simplified, check_structure, op_times_ok)
 from .cost_models import check_kernels, hfu, parse_cost_choice, recompute_modules
-from .export import check_output_path
+from .costs.stage import check_settings
+from .schedules.ir import ScheduleWarning
+from .export import check_output_path, with_lanes
 from .scenario import ScheduleRun, run_schedule
 
 __all__ = ["simulate", "compare", "load_model", "load_hardware", "Report", "Comparison"]
@@ -61,7 +65,8 @@ class Report(_MetricsReport):
     :class:`simtrain.metrics.Report` for their definitions), plus
 
     Attributes:
-        trace: the task table (one row per compute/communication task; ``start_s``, ``end_s`` in s).
+        trace: the task table (one row per compute/communication task; ``start_s``, ``end_s`` in s),
+            with the CSV's ``lane`` column (:func:`simtrain.export.with_lanes`).
         memory: the memory table (``rank``, ``time_s``, ``bytes``).
         run: the :class:`~simtrain.scenario.ScheduleRun` (schedule, costs, engine result).
 
@@ -76,7 +81,7 @@ class Report(_MetricsReport):
     def from_run(cls, run: ScheduleRun) -> Report:
         """Wrap a :class:`ScheduleRun` (its metrics report, trace and memory)."""
         row = {name: getattr(run.report, name) for name in run.report.__dataclass_fields__}
-        return cls(**row, trace=run.result.trace, memory=run.result.memory, run=run)
+        return cls(**row, trace=with_lanes(run.result.trace), memory=run.result.memory, run=run)
 
     def to_row(self) -> dict:
         """The ``--json`` row: a JSON-serialisable dict without the trace and memory tables."""
@@ -96,9 +101,9 @@ class Comparison(list):
 
     def to_frame(self) -> pd.DataFrame:
         """One row per schedule with the scalar fields of the ``--json`` row, plus
-        ``peak_memory_bytes``: the worst rank's peak (the row's per-rank list, maximised)."""
+        ``peak_memory_bytes_max``: the worst rank's peak (the row's per-rank ``peak_memory_bytes``, maximised)."""
         rows = [{**{k: v for k, v in r.to_row().items() if not isinstance(v, (list, dict))},
-                 "peak_memory_bytes": max(r.peak_memory_bytes)} for r in self]
+                 "peak_memory_bytes_max": max(r.peak_memory_bytes)} for r in self]
         return pd.DataFrame(rows)
 
     def write_html(self, path: str | Path, title: str = "simtrain comparison", force: bool = False) -> Path:
@@ -118,7 +123,7 @@ class Comparison(list):
         """
         from .viz import Panel, write_dashboard
 
-        path = check_output_path(Path(path), "write_html(path)", ".html", force=force)
+        path = check_output_path(Path(path), "write_html(path)", ".html", force=force, force_name="force=True")
         write_dashboard(path, [Panel(r.run.report, r.trace, r.memory) for r in self], title)
         return path
 
@@ -157,6 +162,35 @@ def _inputs(model, hardware, parallel: dict[str, Any]) -> tuple[ModelSpec, Hardw
     return spec, hw, config
 
 
+def argument_name(field: str, value: object) -> str:
+    """How the Python API's refusals and warnings name a setting: as its argument, ``tp=3``
+    (the CLI's :func:`simtrain.parallel.flag_name` says ``--tp 3``)."""
+    return f"{field}={value!r}"
+
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+class _warnings_at_caller:
+    """Re-issue the warnings of the block at the first frame outside simtrain (the user's call
+    of :func:`compare` / :func:`simulate`), so Python's default format shows the user's line,
+    not simtrain's own source."""
+
+    def __enter__(self):
+        self._catch = warnings.catch_warnings(record=True)
+        self._caught = self._catch.__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._catch.__exit__(*exc)
+        frame, level = sys._getframe(1), 2  # level 1 is this function's warnings.warn line
+        while frame is not None and Path(frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE):
+            frame, level = frame.f_back, level + 1
+        for w in self._caught:
+            warnings.warn(w.message, w.category, stacklevel=level)
+
+
 def _call_arguments(schedules: Any, op_times: Any, comm: Any) -> tuple[list[str], tuple[float, float, float] | None, bool]:
     """:func:`compare`'s ``schedules`` (one name or a non-empty list of names), ``op_times``
     (any sequence of three numbers F, I, W in seconds, as ``--op-times``: a tuple, a list, a
@@ -165,8 +199,8 @@ def _call_arguments(schedules: Any, op_times: Any, comm: Any) -> tuple[list[str]
     Raises:
         SimtrainError: one line naming the argument, its value and what is allowed.
     """
-    if isinstance(schedules, str):
-        schedules = [schedules]
+    if isinstance(schedules, str):  # one name, or a comma-separated list as compare --schedules takes
+        schedules = [n.strip() for n in schedules.split(",")]
     if not isinstance(schedules, (list, tuple)) or not schedules or not all(isinstance(n, str) for n in schedules):
         raise SimtrainError(f"schedules = {schedules!r}: expected a schedule name or a non-empty list of names "
                             "(e.g. ['1f1b'])")
@@ -227,23 +261,38 @@ def compare(
     schedules, op_times, comm = _call_arguments(schedules, op_times, comm)
     check_max_tasks(max_tasks)
     fp8 = options.pop("fp8", None)
-    modules = recompute_modules(options.get("recompute"))  # a module list, as compare --recompute
-    if modules:
-        options["recompute"] = "none"
-    spec, hw, config = _inputs(model, hardware, dict(
-        tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
-        seq_len=seq_len, **options))
-    given = {k for k, v in dict(tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches,
-                               microbatch_size=microbatch_size, seq_len=seq_len, **options).items() if v is not None}
-    check_applicable(list(schedules), spec, hw, config, given)  # as the CLI: a setting that changes nothing is refused
-    check_structure(schedules, spec, config, max_tasks, api=True)  # as the CLI: stages vs layers, the task ceiling
-    choice = parse_cost_choice(cost_model, modules, fp8, hw.attention_kernel(config.attention), hw)
-    check_kernels(choice, config)
-    check_dtype(hw, config, choice.model == "ops", "dtype" if "dtype" in options else None)
-    runtime = choice.runtime(spec, config, hw)
-    runs = [run_schedule(name, spec, hw, config, op_times=op_times, comm=comm, runtime=runtime) for name in schedules]
-    runs = [dataclasses.replace(r, report=dataclasses.replace(r.report, hfu=hfu(r, spec, config, hw, choice)))
-            for r in runs]
+    with _warnings_at_caller():
+        modules = recompute_modules(options.get("recompute"), "recompute")  # a module list, as compare --recompute
+        if modules:
+            options["recompute"] = "none"
+        spec, hw, config = _inputs(model, hardware, dict(
+            tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches, microbatch_size=microbatch_size,
+            seq_len=seq_len, **options))
+        given = {k for k, v in dict(tp=tp, pp=pp, dp=dp, ep=ep, vp=vp, microbatches=microbatches,
+                                   microbatch_size=microbatch_size, seq_len=seq_len, **options).items() if v is not None}
+        check_settings(spec, config, hw, argument_name)  # as the CLI's loader: heads vs tp, EP, CP, trainable
+        check_applicable(list(schedules), spec, hw, config, given, name=argument_name)  # a setting that changes nothing
+        check_structure(schedules, spec, config, max_tasks, api=True, name=argument_name)  # stages vs layers, tasks
+        check_simplified("op_times" if op_times else None, None if comm else "comm=False",
+                         {"--cost-model": None if cost_model == "auto" else cost_model, "--recompute": modules,
+                          "--fp8": fp8, "--attention-kernel": options.get("attention_kernel"),
+                          "--kernels": "compiled-blocks" if options.get("kernels") == "compiled-blocks" else None,
+                          "--tp-overlap": options.get("tp_overlap") or None,
+                          "--tp-overlap-fraction": options.get("tp_overlap_fraction")}, argument_name)
+        choice = dataclasses.replace(parse_cost_choice(cost_model, modules, fp8, hw.attention_kernel(config.attention), hw),
+                                     name=argument_name)
+        check_kernels(choice, config)
+        check_dtype(hw, config, choice.model == "ops", "dtype" if "dtype" in options else None)
+        runtime = choice.runtime(spec, config, hw)
+        runs = [run_schedule(name, spec, hw, config, op_times=op_times, comm=comm, runtime=runtime) for name in schedules]
+        runs = [dataclasses.replace(r, report=dataclasses.replace(r.report, hfu=hfu(r, spec, config, hw, choice)))
+                for r in runs]
+        for r in runs:
+            if not r.report.fits_in_hbm:  # as compare's warning (the CLI also fails when no schedule fits)
+                peak = max(r.report.peak_memory_bytes)
+                warnings.warn(f"{r.report.schedule} does not fit in HBM: rank {r.report.peak_memory_bytes.index(peak)} "
+                              f"peaks at {peak / 2**30:.1f} GiB of {r.report.hbm_bytes / 2**30:.0f} GiB",
+                              ScheduleWarning, stacklevel=2)
     return Comparison(Report.from_run(r) for r in runs)
 
 

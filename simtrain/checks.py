@@ -124,12 +124,14 @@ def check_max_tasks(max_tasks: object, where: str = "max_tasks") -> int:
     return max_tasks
 
 
-def _refuse_work(total: int, max_tasks: int, what: str, api: bool = False) -> None:
+def _refuse_work(total: int, max_tasks: int, what: str, api: bool = False, swept: str | None = None) -> None:
     """Refuse ``total`` estimated tasks above ``max_tasks``; the advice names the CLI's flags, or
-    with ``api`` the Python API's arguments."""
+    with ``api`` the Python API's arguments, and with ``swept`` (a sweep's field) its values first."""
     if total > max_tasks:
+        others = [f for f in ("--microbatches", "--pp") if f != f"--{swept}"]
+        lower = " or ".join([f"the sweep's {swept} values"] * bool(swept) + others)
         advice = (f"lower microbatches or pp, or pass max_tasks={total}" if api
-                  else f"lower --microbatches or --pp, or pass --max-tasks {total}")
+                  else f"lower {lower}, or pass --max-tasks {total}")
         raise SimtrainError(
             f"{what} is about {total:,} tasks, above the ceiling of {max_tasks:,} (a few minutes and GB); "
             f"{advice} to run it anyway")
@@ -181,8 +183,12 @@ def check_work(names: list[str], model: ModelSpec, parallel: ParallelConfig, max
     points = [parallel] + ([parallel.model_copy(update={sweep[0]: v}) for v in sweep[1]] if sweep else [])
     _check_layer_work(model, max(len(names), 1) * len(points), max_tasks, api)  # an imported order alone: 1 run
     total = sum(estimate_tasks(name, model, point) for point in points for name in names)
-    _refuse_work(total, max_tasks, f"simulating {', '.join(names) or 'the schedule'} at pp {parallel.pp}, "
-                 f"{parallel.microbatches} microbatches" + (f" and {len(sweep[1])} sweep points" if sweep else ""), api)
+    parts = {"pp": f"pp {parallel.pp}", "microbatches": f"{parallel.microbatches} microbatches"}
+    if sweep:  # the swept field's base value is not simulated: its sweep values are
+        parts[sweep[0]] = f"sweep {sweep[0]}={','.join(str(v) for v in sweep[1])} ({len(sweep[1])} points)"
+    where = ", ".join(parts.values())
+    _refuse_work(total, max_tasks, f"simulating {', '.join(names) or 'the schedule'} at {where}", api,
+                 sweep[0] if sweep else None)
     return total
 
 
@@ -345,9 +351,18 @@ def _check_settings_apply(names: list[str], parallel: ParallelConfig, given: set
                         "into I and W, so nothing waits for a W")
     if parallel.grad_reduce_op is not None and parallel.dp == 1:
         _not_applicable("--grad-reduce-op", "grad_reduce_op" in given, "there is no DP gradient reduction with --dp 1")
+    if parallel.zero_impl == "fsdp2" and parallel.zero_stage < 2:
+        _not_applicable("--zero-impl", "zero_impl" in given, f"fsdp2 prices FSDP2's copy-out of gathered parameters, and "
+                        f"zero_stage {parallel.zero_stage} keeps every parameter whole (FSDP2 shards gradients too: ZeRO-2 or 3)")
+    elif parallel.zero_impl == "fsdp2" and parallel.zero_stage == 2:
+        _warn("zero_impl fsdp2 with zero_stage 2 (FSDP2 with reshard_after_forward False): the parameters stay "
+              "gathered from a step's first forward to its last backward, so FSDP2 copies them out of the all-gather "
+              "buffer once per step, not before every F and I as under ZeRO-3 (FSDPParamGroup.unshard is a no-op "
+              "while they are unsharded, torch fully_shard's _fsdp_param_group.py); that one copy per step is not priced")
 
 
-def check_simplified(fixed_times: str | None, free_comm: str | None, typed: dict[str, object]) -> None:
+def check_simplified(fixed_times: str | None, free_comm: str | None, typed: dict[str, object],
+                     name: Callable[[str, object], str] | None = None) -> None:
     """Refuse typed flags that only price what fixed op-times replace or what free communication
     removes, so they would change nothing.
 
@@ -356,21 +371,29 @@ def check_simplified(fixed_times: str | None, free_comm: str | None, typed: dict
         free_comm: where communication is made free (``--no-comm``, a scenario's field), or None.
         typed: the flags the user typed (None: not typed): ``--cost-model`` (other than auto),
             ``--recompute`` operator lists (memory is kept as for ``none``; only I is priced),
-            ``--fp8``, ``--breakdown``, ``--tp-overlap`` and ``--tp-overlap-fraction``.
+            ``--fp8``, ``--breakdown``, ``--attention-kernel``, ``--kernels`` (given only where it
+            moves durations alone: ``compiled-blocks``; ``eager`` also sets the stored
+            activations), ``--tp-overlap`` and ``--tp-overlap-fraction``.
+
+        name: how a message names a setting from its field and value (None: the flag, as typed;
+            the Python API passes :func:`simtrain.api.argument_name`).
 
     Raises:
         SimtrainError: the first such flag, naming what makes it idle.
     """
+    def said(flag: str, value: object) -> str:
+        return f"{flag} {value}" if name is None else name(flag.lstrip("-").replace("-", "_"), value)
+
     if fixed_times is not None:
-        for flag in ("--cost-model", "--recompute", "--fp8", "--breakdown"):
+        for flag in ("--cost-model", "--recompute", "--fp8", "--breakdown", "--attention-kernel", "--kernels"):
             if typed.get(flag) is not None:
-                raise SimtrainError(f"{flag} {typed[flag]}: changes only the compute cost model's durations, and "
+                raise SimtrainError(f"{said(flag, typed[flag])}: changes only the compute cost model's durations, and "
                                     f"{fixed_times} fixes every duration; drop one of them")
     if free_comm is not None:
         for flag in ("--tp-overlap", "--tp-overlap-fraction"):
             if typed.get(flag) is not None:
-                raise SimtrainError(f"{flag}: hides TP collectives behind compute, and {free_comm} makes every "
-                                    "collective free; drop one of them")
+                raise SimtrainError(f"{flag if name is None else said(flag, typed[flag])}: hides TP collectives behind "
+                                    f"compute, and {free_comm} makes every collective free; drop one of them")
 
 
 def check_dtype(hardware: HardwareProfile, parallel: ParallelConfig, ops: bool, where: str | None) -> None:

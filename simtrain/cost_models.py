@@ -24,11 +24,11 @@ from collections.abc import Callable
 
 from .costs import ops as costs_ops
 from .costs import StageCosts
-from .costs.kernels import has_kernel_tables
+from .costs.kernels import flat_only_fields, has_kernel_tables
 from .errors import SimtrainError
 from .hardware import PROFILE_DIR, HardwareProfile
 from .models import ModelSpec
-from .parallel import ParallelConfig
+from .parallel import ParallelConfig, flag_name
 from .scenario import ScheduleRun
 from .schedules.ir import ScheduleWarning
 
@@ -51,6 +51,9 @@ class CostChoice:
     recompute: str | None = None
     fp8: str | None = None
     attention: str = "flash"
+    name: Callable[[str, object], str] = dataclasses.field(default=flag_name, compare=False, repr=False)
+    """How a refusal names a parallel setting (:func:`simtrain.parallel.flag_name`; a scenario
+    file's loader: its field, :func:`simtrain.cli.settings.setting_name`; the Python API: its argument)."""
 
     def runtime(self, model: ModelSpec, parallel: ParallelConfig, hardware: HardwareProfile,
                 host_bound: bool = True) -> Callable[[StageCosts], StageCosts] | None:
@@ -64,7 +67,7 @@ class CostChoice:
         if self.model == "flat":
             return None
         return costs_ops.ops_runtime(model, parallel, hardware, self.attention, self.recompute, self.fp8,
-                                     host_bound)
+                                     host_bound, self.name)
 
 
 def recompute_modules(recompute: str | None, where: str = "--recompute") -> str | None:
@@ -116,12 +119,13 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
         raise SimtrainError(f"--fp8 = {fp8!r}: the only choice is gemms (FP8 GEMMs, attention in the compute dtype)")
     chosen = cost_model if cost_model != "auto" else ("ops" if has_kernel_tables(hardware) else "flat")
     user_file = hardware.path is not None and hardware.path.resolve().parent != PROFILE_DIR.resolve()
-    if cost_model == "auto" and chosen == "flat" and user_file and hardware.calibration is None and not hardware.linear_rates:
+    if cost_model == "auto" and chosen == "flat" and user_file and hardware.calibration is None \
+            and not flat_only_fields(hardware):
         warnings.warn(f"{hardware.name}: the flat cost model (every GEMM at efficiency.matmul = "
-                      f"{hardware.matmul_efficiency}, memory-bound kernels free): its compute figures (peak_tflops, "
-                      f"efficiency.matmul) are no shipped profile's, so the per-operator kernel tables do not "
-                      f"apply; calibrate it (simtrain calibrate) or pass --cost-model ops to price it by operator",
-                      ScheduleWarning, stacklevel=2)
+                      f"{hardware.matmul_efficiency}, memory-bound kernels free): its compute figures (efficiency.matmul, "
+                      f"peak_tflops of bf16/fp16/fp32/fp8) are no shipped profile's, so the per-operator kernel tables "
+                      f"do not apply; calibrate it (simtrain calibrate), or keep a shipped profile's figures to price "
+                      f"it by operator", ScheduleWarning, stacklevel=2)
     for flag, given in (("--recompute MODULE,...", modules), ("--fp8", fp8)):
         if given is not None and chosen == "flat":
             why = "--cost-model flat was chosen" if cost_model == "flat" else f"{hardware.name} has no kernel tables (a calibrated profile, or an edited copy of a shipped one, keeps its own numbers)"
@@ -136,13 +140,13 @@ def check_kernels(choice: CostChoice, parallel) -> None:
     point checks this, CLI and API alike).
 
     Raises:
-        SimtrainError: one line naming the setting.
+        SimtrainError: one line naming the setting (``choice.name``: the flag, or the file's field).
     """
     if parallel.kernels != "fused" and choice.model != "ops":
-        raise SimtrainError(f"--kernels {parallel.kernels}: prices the per-operator model's memory-bound operators, "
+        raise SimtrainError(f"{choice.name('kernels', parallel.kernels)}: prices the per-operator model's memory-bound operators, "
                             "and the flat cost model runs here (--cost-model ops, on a profile with kernel tables)")
     if parallel.attention_kernel is not None and choice.model != "ops":
-        raise SimtrainError(f"--attention-kernel {parallel.attention_kernel}: prices attention from the per-operator "
+        raise SimtrainError(f"{choice.name('attention_kernel', parallel.attention_kernel)}: prices attention from the per-operator "
                             "model's measured kernel tables, and the flat cost model runs here (--cost-model ops, on a "
                             "profile with kernel tables)")
 

@@ -92,19 +92,28 @@ def chrome_trace(
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": GENERATOR_MARK}}
 
 
+def with_lanes(trace: pd.DataFrame) -> pd.DataFrame:
+    """The engine's task table (SI units) with a ``lane`` column after ``stream``: the
+    trace-viewer thread and timeline row of the task (:func:`simtrain.trace.lane_of`; ``p2p`` for
+    the point-to-point transfers, which have no in-order ``stream``: each waits only for its
+    producer and its link ports). The CSV's columns, and :attr:`simtrain.api.Report.trace`'s."""
+    names = [n for n in trace.columns if n != "lane"]
+    at = names.index("stream") + 1
+    return trace.assign(lane=lanes(trace))[[*names[:at], "lane", *names[at:]]]
+
+
 def trace_table(traces: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """All traces in one table: a ``schedule`` column, then the engine's columns (SI units) with a
-    ``lane`` column after ``stream``: the trace-viewer thread and timeline row of the task
-    (:func:`simtrain.trace.lane_of`; ``p2p`` for the point-to-point transfers, which have no
-    in-order ``stream``: each waits only for its producer and its link ports)."""
+    """All traces in one table: a ``schedule`` column, then :func:`with_lanes`'s columns."""
     import pandas as pd
 
-    def columns(t: pd.DataFrame) -> list[str]:
-        names = list(t.columns)
-        return ["schedule", *names[:names.index("stream") + 1], "lane", *names[names.index("stream") + 1:]]
-
-    frames = [t.assign(schedule=name, lane=lanes(t))[columns(t)] for name, t in traces.items()]
+    frames = [with_lanes(t).assign(schedule=name) for name, t in traces.items()]
+    frames = [f[["schedule", *[c for c in f.columns if c != "schedule"]]] for f in frames]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["schedule"])
+
+
+INTEGER_COLUMNS = ("stage", "microbatch", "peer")
+"""Task-table columns that hold whole numbers or nothing (a task without a stage, microbatch or
+peer); the engine keeps them as floats with NaN, the CSV writes them as integers or empty."""
 
 
 GENERATOR_MARK = "simtrain"
@@ -138,7 +147,7 @@ def _written_by_simtrain(path: Path) -> bool:
 
 
 def check_output_path(path: Path, flag: str, suffix: str | tuple[str, ...], inputs: Iterable[Path] = (),
-                      force: bool = False) -> Path:
+                      force: bool = False, force_name: str = "--force") -> Path:
     """Refuse an output path that would overwrite an input or a user's file, or has the wrong type.
 
     Args:
@@ -149,6 +158,7 @@ def check_output_path(path: Path, flag: str, suffix: str | tuple[str, ...], inpu
         inputs: files this command reads (scenario, model, profile, schedule file, measured
             traces); none may be overwritten, even with ``force``.
         force: allow overwriting an existing file that simtrain did not write.
+        force_name: how the refusal names that permission (the flag, or the API's ``force=True``).
 
     Returns:
         ``path``.
@@ -169,7 +179,7 @@ def check_output_path(path: Path, flag: str, suffix: str | tuple[str, ...], inpu
             raise SimtrainError(f"{flag} = {str(path)!r}: is an input of this command; refusing to overwrite it")
     if path.exists() and not force and not _written_by_simtrain(path):
         raise SimtrainError(f"{flag} = {str(path)!r}: the file exists and was not written by simtrain; "
-                            "choose another name or pass --force to overwrite it")
+                            f"choose another name or pass {force_name} to overwrite it")
     atomic.check_writable(path, flag)  # before the simulation, not after it
     return path
 
@@ -206,4 +216,8 @@ def write_chrome_trace(
 
 def write_trace_csv(path: Path, traces: Mapping[str, pd.DataFrame]) -> Path:
     """Write :func:`trace_table` as CSV (seconds and bytes) to ``path``; returns the path."""
-    return atomic.write_text(Path(path), trace_table(traces).to_csv(index=False))
+    table = trace_table(traces)
+    for column in INTEGER_COLUMNS:
+        if column in table:
+            table[column] = table[column].astype("Int64")
+    return atomic.write_text(Path(path), table.to_csv(index=False))

@@ -322,10 +322,26 @@ def check_rate_tables(peak_tflops: dict[str, float], compute: ComputeFile) -> No
                     if getattr(row, rate) > ceiling:
                                     raise ValueError(f"field '{where}.{i}.{rate}' = {getattr(row, rate):g}: must be at most "
                                          f"{limit}peak_tflops.{dtype} = {ceiling:g} (no kernel beats the dense peak)")
+            _one_rate_per_shape(where, rows)
             axes = ("tokens", "fan_in", "fan_out") if table == "linear_tflops" else ("seq_len",)
             for axis in axes:
                 for rate in rates:
                     _time_grows(where, rows, axis, rate)
+
+
+def _one_rate_per_shape(where: str, rows: list) -> None:
+    """Refuse two rows of one shape (every field but the rates equal: the pass and GEMM sizes, or
+    seq_len and head_dim) with different rates: the nearest-shape lookup would take one of them
+    silently. Raises ValueError naming both rows."""
+    seen: dict[tuple, int] = {}
+    for i, row in enumerate(rows):
+        values = row.model_dump()
+        shape = tuple((k, v) for k, v in values.items() if not k.endswith("tflops"))
+        j = seen.setdefault(shape, i)
+        if j != i and {k: v for k, v in values.items() if k.endswith("tflops")} != \
+                {k: v for k, v in rows[j].model_dump().items() if k.endswith("tflops")}:
+            raise ValueError(f"fields '{where}.{j}' and '{where}.{i}': one shape ({', '.join(f'{k} {v}' for k, v in shape)}) "
+                             "with two different rates; keep one row per shape (e.g. the median of the measurements)")
 
 
 def _time_grows(where: str, rows: list, axis: str, rate: str) -> None:

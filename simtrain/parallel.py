@@ -172,8 +172,9 @@ class ParallelConfig(NumbersNotBooleans):
             kernel per op; :func:`simtrain.costs.eager.eager_factors`). ``eager`` also stores
             what autograd saves in an eager torchtitan Llama block (Python RMSNorm, k and v
             repeated to all heads, SiLU's output; :mod:`simtrain.costs.saved`) instead of
-            Korthikanti et al.'s fused count, under both cost models (full recompute still
-            stores only each layer's input). ``compiled-blocks``: ``torch.compile`` on each
+            Korthikanti et al.'s fused count (full recompute still stores only each layer's
+            input); ``compare`` and the Python API refuse ``eager`` and ``compiled-blocks`` where
+            the flat cost model prices the durations. ``compiled-blocks``: ``torch.compile`` on each
             transformer block alone (torchtitan's ``apply_compile`` at ``9dec370``, whose
             ``train.py`` leaves the loss uncompiled): the blocks fused, the head's norm and fp32
             cross-entropy as eager ops.

@@ -152,7 +152,7 @@ def row_of(cfg: Config, report, hbm_bytes: float) -> dict:
     peak = max(report.peak_memory_bytes)
     return {**asdict(cfg), "gpus": cfg.gpus, "step_time_s": report.step_time_s, "tokens_per_s": report.tokens_per_s,
             "tokens_per_s_per_gpu": report.tokens_per_s / cfg.gpus, "mfu": report.mfu,
-            "peak_memory_bytes": peak, "fits_in_hbm": bool(report.fits_in_hbm and peak <= hbm_bytes)}
+            "peak_memory_bytes_max": peak, "fits_in_hbm": bool(report.fits_in_hbm and peak <= hbm_bytes)}
 
 
 class _Caches:
@@ -425,10 +425,10 @@ def summarise(req: PlanRequest, res: PlanResult) -> dict:
     key = (lambda r: (_score(req, r["step_time_s"], r["gpus"]), config_of_row(r)))
     fitting.sort(key=key)
     pareto, best_mem = [], float("inf")
-    for r in sorted(fitting, key=lambda r: (r["step_time_s"], r["peak_memory_bytes"], config_of_row(r))):
-        if r["peak_memory_bytes"] < best_mem:
+    for r in sorted(fitting, key=lambda r: (r["step_time_s"], r["peak_memory_bytes_max"], config_of_row(r))):
+        if r["peak_memory_bytes_max"] < best_mem:
             pareto.append(r)
-            best_mem = r["peak_memory_bytes"]
+            best_mem = r["peak_memory_bytes_max"]
     return {"considered": res.considered, "evaluated": res.evaluated, "pruned": dict(res.pruned),
             "cost_model": req.cost.model, "best": fitting[0], "top": fitting[:req.top], "pareto": pareto}
 

@@ -33,8 +33,10 @@ SWEEPABLE = ("microbatches", "pp", "vp", "tp", "dp", "microbatch_size")
 
 ROW_COLUMNS = ["schedule", "field", "value", "gpus", "step_time_s", "bubble_ratio", "tokens_per_s",
                "tokens_per_s_per_gpu", "mfu",
-               "peak_memory_bytes", "hbm_bytes", "fits_in_hbm", "error"]
-"""Columns of :func:`run_sweep`'s table (SI units; ``peak_memory_bytes`` is the worst rank's)."""
+               "peak_memory_bytes_max", "hbm_bytes", "fits_in_hbm", "error_message"]
+"""Columns of :func:`run_sweep`'s table (SI units; ``peak_memory_bytes_max`` is the worst rank's
+peak, a compare row's per-rank ``peak_memory_bytes`` maximised; ``error_message`` is None, or why
+the point could not be simulated)."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,7 @@ def run_sweep(
             try:
                 report = run_schedule(name, model, hardware, par, op_times=op_times, comm=comm, runtime=hook).report
             except SimtrainError as exc:
-                rows.append(dict(schedule=name, field=spec.field, value=value, error=describe(exc)))
+                rows.append(dict(schedule=name, field=spec.field, value=value, error_message=describe(exc)))
                 continue
             finally:
                 if on_point is not None:
@@ -153,8 +155,8 @@ def run_sweep(
                 schedule=name, field=spec.field, value=value, step_time_s=report.step_time_s,
                 bubble_ratio=report.bubble_ratio, tokens_per_s=report.tokens_per_s, mfu=report.mfu,
                 gpus=report.gpus, tokens_per_s_per_gpu=report.tokens_per_s / report.gpus,
-                peak_memory_bytes=max(report.peak_memory_bytes), hbm_bytes=report.hbm_bytes,
-                fits_in_hbm=report.fits_in_hbm, error=None,
+                peak_memory_bytes_max=max(report.peak_memory_bytes), hbm_bytes=report.hbm_bytes,
+                fits_in_hbm=report.fits_in_hbm, error_message=None,
             ))
     import pandas as pd
 

@@ -276,11 +276,11 @@ def test_sweep_error_rows_name_the_scenario_field_and_the_swept_flag(tmp_path):
                   "parallel: {pp: 4, microbatches: 8, seq_len: 1024}\n")
     res = invoke("compare", str(sc), "--sweep", "microbatches=2,8", "--json")
     assert res.exit_code == 0, res.stderr
-    errors = [row["error"] for row in json.loads(res.stdout)["sweep"]]
+    errors = [row["error_message"] for row in json.loads(res.stdout)["sweep"]]
     assert errors[1] is None and errors[0].startswith(
         f"dualpipev: --microbatches = 2 with {sc}: field 'parallel.pp' = 4: DualPipeV needs"), errors
     res = invoke("compare", str(sc), "--pp", "4", "--sweep", "microbatches=2,8", "--json")  # typed: the flag
-    assert json.loads(res.stdout)["sweep"][0]["error"].startswith("dualpipev: --microbatches = 2 with --pp 4:")
+    assert json.loads(res.stdout)["sweep"][0]["error_message"].startswith("dualpipev: --microbatches = 2 with --pp 4:")
 
 
 def test_binary_file_given_as_yaml(tmp_path):

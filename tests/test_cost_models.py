@@ -199,3 +199,41 @@ def test_an_edited_copy_of_a_shipped_profile_keeps_its_own_compute_figures(tmp_p
     shipped = load_profile("h100-sxm")  # a published case's network edits keep the tables
     assert has_kernel_tables(dataclasses.replace(shipped, hbm_bandwidth_bytes_per_s=1e12))
     assert not has_kernel_tables(dataclasses.replace(shipped, peak_flops={**shipped.peak_flops, "bf16": 1.0}))
+
+
+def test_a_compute_section_the_per_operator_model_would_ignore_is_priced_flat_or_refused(tmp_path):
+    """Review 10: an h100-sxm copy with ``layer_slowdown`` and slow elementwise rates ran under
+    auto/ops from H100's kernel tables, the section silently ignored."""
+    from simtrain.hardware import PROFILE_DIR
+    text = (PROFILE_DIR / "h100-sxm.yaml").read_text().replace("name: h100-sxm", "name: slow-h100")
+    (tmp_path / "slow.yaml").write_text(text + "compute:\n  layer_slowdown: {F: 2.0, B: 2.0}\n"
+                                        "  elementwise_gb_per_s: {norm: 10, activation: 10, add: 10}\n")
+    args = ["compare", "--model", "llama3-8b", "--tp", "2", "--pp", "2", "--microbatches", "4", "--schedules", "1f1b",
+            "--json", "--hardware", str(tmp_path / "slow.yaml")]
+    steps = {}
+    for cm in ("auto", "flat"):
+        res = invoke(*args, "--cost-model", cm)
+        assert res.exit_code == 0 and "warning" not in res.stderr, res.output
+        steps[cm] = json.loads(res.stdout)[0]["step_time_s"]
+    plain = json.loads(invoke(*args[:-1], "h100-sxm", "--cost-model", "flat").stdout)[0]["step_time_s"]
+    assert steps["auto"] == steps["flat"] > 2 * plain  # the slowdown of 2 and the slow kernels are priced
+    ops = invoke(*args, "--cost-model", "ops")
+    assert ops.exit_code == 2 and ops.stderr.count("\n") == 1
+    assert "compute.elementwise_gb_per_s is priced by the flat cost model only" in ops.stderr
+
+
+def test_an_edit_to_a_peak_the_tables_do_not_rate_keeps_them_and_the_advice_is_true(tmp_path):
+    """Review 10: a copy whose only edit was the fp64 peak fell to the flat model, and the warning's
+    advice (pass --cost-model ops) then failed."""
+    from simtrain.hardware import PROFILE_DIR
+    text = (PROFILE_DIR / "h100-sxm.yaml").read_text().replace("name: h100-sxm", "name: my-h100")
+    assert "fp64: 67.0" in text
+    (tmp_path / "fp64.yaml").write_text(text.replace("fp64: 67.0", "fp64: 34.0"))
+    (tmp_path / "bf16.yaml").write_text(text.replace("bf16: 989.4", "bf16: 900.0"))
+    args = ["compare", "--model", "llama3-8b", "--tp", "2", "--pp", "2", "--microbatches", "4", "--schedules", "1f1b",
+            "--json", "--hardware"]
+    shipped, fp64 = invoke(*args, "h100-sxm"), invoke(*args, str(tmp_path / "fp64.yaml"))
+    assert fp64.exit_code == 0 and "warning" not in fp64.stderr, fp64.output
+    assert json.loads(fp64.stdout)[0]["step_time_s"] == json.loads(shipped.stdout)[0]["step_time_s"]
+    bf16 = invoke(*args, str(tmp_path / "bf16.yaml"))
+    assert "warning: my-h100: the flat cost model" in bf16.stderr and "--cost-model ops" not in bf16.stderr

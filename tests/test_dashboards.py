@@ -65,8 +65,8 @@ def test_gpipe_microbatch_sweep_follows_the_formula(tmp_path, cost_model, slack)
             assert r["bubble_ratio"] == pytest.approx((p - 1) / (r["value"] + p - 1), abs=slack)
         tokens = [r["tokens_per_s"] for r in mine]
         assert all(a < b for a, b in zip(tokens, tokens[1:]))
-    gpipe_mem = [r["peak_memory_bytes"] for r in rows if r["schedule"] == "gpipe"]
-    ofob_mem = [r["peak_memory_bytes"] for r in rows if r["schedule"] == "1f1b"]
+    gpipe_mem = [r["peak_memory_bytes_max"] for r in rows if r["schedule"] == "gpipe"]
+    ofob_mem = [r["peak_memory_bytes_max"] for r in rows if r["schedule"] == "1f1b"]
     assert gpipe_mem[-1] > 5 * gpipe_mem[0] and max(ofob_mem[3:]) == pytest.approx(min(ofob_mem[3:]))
 
 
@@ -95,8 +95,8 @@ def test_impossible_sweep_points_are_reported_not_fatal(tmp_path):
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)["sweep"]
     bad = [r for r in rows if r["value"] == 40]
-    assert bad and all("40 pipeline stages for a model of 32 layers" in r["error"] for r in bad)
-    assert all(r["error"] is None for r in rows if r["value"] == 4)
+    assert bad and all("40 pipeline stages for a model of 32 layers" in r["error_message"] for r in bad)
+    assert all(r["error_message"] is None for r in rows if r["value"] == 4)
 
 
 @pytest.mark.parametrize("text,message", [

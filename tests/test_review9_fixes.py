@@ -134,7 +134,7 @@ def test_plan_tries_recompute_module_lists():
             for r in json.loads(res.stdout)["top"]}
     assert {k[-1] for k in rows} == {"none", "norm,swiglu"}
     pairs = [(rows[k], rows[(*k[:-1], "none")]) for k in rows if k[-1] != "none" and (*k[:-1], "none") in rows]
-    assert pairs and all(m["peak_memory_bytes"] < n["peak_memory_bytes"] and m["step_time_s"] > n["step_time_s"]
+    assert pairs and all(m["peak_memory_bytes_max"] < n["peak_memory_bytes_max"] and m["step_time_s"] > n["step_time_s"]
                          for m, n in pairs)
     one_error(invoke(*args, "--recompute", "norm,bogus"), "--recompute = 'norm,bogus'", "unknown module 'bogus'")
     one_error(invoke(*args, "--recompute", "norm", "--cost-model", "flat"), "needs the per-operator cost model")

@@ -230,8 +230,8 @@ def test_sweep_rows_are_typed_as_the_runs_rows():
                  "--schedules", "1f1b,zb-h2", "--sweep", "microbatches=2,8", "--json")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    ok = [r for r in doc["sweep"] if r["error"] is None]
-    failed = [r for r in doc["sweep"] if r["error"] is not None]  # zb-h2 needs m >= 2p
+    ok = [r for r in doc["sweep"] if r["error_message"] is None]
+    failed = [r for r in doc["sweep"] if r["error_message"] is not None]  # zb-h2 needs m >= 2p
     assert failed and all(r["step_time_s"] is None for r in failed)
     assert all(type(r["gpus"]) is int and type(r["value"]) is int for r in ok)
     at_8 = {r["schedule"]: r for r in ok if r["value"] == 8}

@@ -196,6 +196,8 @@ def run_rank(ctx: RankContext, spec: dict, progress: Progress) -> dict:
     result = dict(
         torch_version=torch.__version__,
         device_name=device_name(torch, ctx.device),
+        device_memory_bytes=torch.cuda.get_device_properties(ctx.device).total_memory
+        if ctx.device.type == "cuda" else None,
         backend=ctx.backend,
         world=ctx.world,
         local_world=ctx.local_world,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import statistics
 from pathlib import Path
 
@@ -33,11 +34,27 @@ CPU_RANKS_PER_NODE = 64
 """``gpus_per_node`` of a CPU profile: how many ranks one machine may run (link class only)."""
 
 
-def base_profile_data(base: str | None, device: str, device_name: str) -> tuple[dict, str]:
+HBM_MATCH_TOLERANCE = 0.1
+"""Largest relative gap between a CUDA device's memory (``torch.cuda.get_device_properties().total_memory``,
+a little below the datasheet capacity: ECC and reserved memory) and a shipped profile's ``hbm_gib``
+for the profile to stand for the device. Every pair of capacities one GPU name is sold with is
+further apart (V100 16/32 GB, A100 40/80 GB, H100 80/94/96 GB, H200 141 GB / GH200 96 GB)."""
+
+
+def base_profile_data(base: str | None, device: str, device_name: str,
+                      memory_bytes: float | None = None) -> tuple[dict, str]:
     """The file form of the profile to start from, and its name (``""`` when built from scratch).
 
-    On ``cuda`` without ``--base`` the shipped profile whose name matches the device name
-    (``H100`` -> ``h100-sxm`` ...) is used.
+    On ``cuda`` without ``--base`` the shipped profile the device is (:func:`_matching_profile`:
+    its GPU and form factor by name, its ``hbm_gib`` by ``memory_bytes``) is used. With
+    ``--base``, a base whose ``hbm_gib`` is not the device's memory (beyond
+    :data:`HBM_MATCH_TOLERANCE`) takes the device's.
+
+    Args:
+        base: ``--base`` (a profile name or file), or None.
+        device: ``cuda`` or ``cpu``.
+        device_name: ``torch.cuda.get_device_name()`` (cuda).
+        memory_bytes: the device's memory in bytes (cuda), or None (not measured).
 
     Raises:
         SimtrainError: ``--base`` names no profile; a GPU that matches no shipped profile.
@@ -45,31 +62,58 @@ def base_profile_data(base: str | None, device: str, device_name: str) -> tuple[
     from ..hardware import available_profiles
 
     if base is None and device == "cuda":
-        base = _matching_profile(device_name, available_profiles())
+        base = _matching_profile(device_name, available_profiles(), memory_bytes)
         if base is None:
+            memory = f" with {memory_bytes / GiB:.1f} GiB of memory" if memory_bytes else ""
             raise SimtrainError(
-                f"--base: no shipped profile matches GPU '{device_name}'; pass --base with one of "
-                f"{available_profiles()} or a profile file"
+                f"--base: no shipped profile is GPU '{device_name}'{memory} (by GPU name, form factor and "
+                f"hbm_gib); pass --base with a profile file of this GPU, or one of {available_profiles()}"
             )
     if base is None:
         return {}, ""
-    path = resolve_profile_path(base)
+    try:
+        path = resolve_profile_path(base)
+    except SimtrainError as exc:
+        raise SimtrainError(f"--base {base}: {exc}") from None
     data = load_yaml_file(path)
     validate_model(ProfileFile, data, str(path))
+    if device == "cuda" and memory_bytes and not _same_memory(data["hbm_gib"], memory_bytes):
+        data = {**data, "hbm_gib": sig(memory_bytes / GiB)}
     return data, path.stem
 
 
-def _matching_profile(device_name: str, names: list[str]) -> str | None:
+def _same_memory(hbm_gib: float, memory_bytes: float) -> bool:
+    """Whether a device of ``memory_bytes`` is a profile of ``hbm_gib`` (:data:`HBM_MATCH_TOLERANCE`)."""
+    return abs(memory_bytes / GiB - hbm_gib) <= HBM_MATCH_TOLERANCE * hbm_gib
+
+
+_FORM_FACTORS = ("pcie", "nvl", "sxm")
+
+
+def _matching_profile(device_name: str, names: list[str], memory_bytes: float | None = None) -> str | None:
     """The shipped profile ``torch.cuda.get_device_name()`` is: among those whose GPU (the name's
-    first part, ``h100`` of ``h100-sxm``) is in the device name, the longest GPU (``gb200`` before
-    ``b200`` in ``NVIDIA GB200``), then the one with most of its other
-    parts there too (``NVIDIA H100 PCIe`` -> ``h100-pcie``, ``NVIDIA A100-SXM4-80GB`` ->
-    ``a100-sxm-80gb``); on a tie the SXM form factor (``NVIDIA H100 80GB HBM3``, the SXM5 part's
-    name, -> ``h100-sxm``), then the shortest name. None when no GPU matches."""
-    wanted = device_name.lower().replace(" ", "")
-    scored = [(len(name.split("-")[0]), sum(part in wanted for part in name.split("-")[1:]), "sxm" in name,
-               -len(name), name)
-              for name in names if name.split("-")[0] in wanted]
+    first part, ``h100`` of ``h100-sxm``) begins a word of the device name (``h200`` is not
+    ``NVIDIA GH200``, ``b200`` not ``NVIDIA GB200``), whose name has the device name's form factor
+    (``NVIDIA H100 NVL`` is no shipped profile) and, given ``memory_bytes``, whose ``hbm_gib`` is
+    the device's (:func:`_same_memory`: ``A100-SXM4-40GB`` is not ``a100-sxm-80gb``): the one with
+    most of its other parts in the device name (``NVIDIA H100 PCIe`` -> ``h100-pcie``,
+    ``NVIDIA A100-SXM4-80GB`` -> ``a100-sxm-80gb``); on a tie the SXM form factor (``NVIDIA H100
+    80GB HBM3``, the SXM5 part's name, -> ``h100-sxm``), then the shortest name. None when none
+    qualifies."""
+    from ..hardware import load_profile
+
+    words = [w for w in re.split(r"[^a-z0-9]+", device_name.lower()) if w]
+    wanted = "".join(words)
+    forms = {f for f in _FORM_FACTORS if any(w.startswith(f) for w in words)}
+
+    def qualifies(name: str) -> bool:
+        gpu = name.split("-")[0]
+        return (any(w.startswith(gpu) for w in words)
+                and all(f in name for f in forms)
+                and (memory_bytes is None or _same_memory(load_profile(name).hbm_bytes / GiB, memory_bytes)))
+
+    scored = [(sum(part in wanted for part in name.split("-")[1:]), "sxm" in name, -len(name), name)
+              for name in names if qualifies(name)]
     return max(scored)[-1] if scored else None
 
 
@@ -87,7 +131,7 @@ def build_profile(meas: dict, base: str | None, quick: bool) -> dict:
     """
     device = "cuda" if meas["backend"] == "nccl" else "cpu"
     dtype = meas["dtype"]
-    data, base_name = base_profile_data(base, device, meas["device_name"])
+    data, base_name = base_profile_data(base, device, meas["device_name"], meas.get("device_memory_bytes"))
     data = dict(data)
     today = datetime.date.today().isoformat()
     compute = meas["compute"]
@@ -104,6 +148,8 @@ def build_profile(meas: dict, base: str | None, quick: bool) -> dict:
         world=meas["world"], ranks_per_node=meas["local_world"], threads_per_rank=threads, dtype=dtype,
         quick=quick, base=base_name or None,
     )
+    if meas.get("device_memory_bytes"):
+        record["device_memory_gib"] = sig(meas["device_memory_bytes"] / GiB)
 
     data = _identity(data, base_name, meas, best_tflops, today, setup)
     data["hbm_tb_per_s"] = sig(copy_bw / 1e12)

@@ -145,10 +145,15 @@ def compare(
     check_simplified("--op-times" if op_times else f"{st.source}: field 'op_times'" if st.op_times else None,
                      "--no-comm" if no_comm else f"{st.source}: field 'no_comm'" if not st.comm else None,
                      {"--cost-model": None if cost_model == "auto" else cost_model, "--recompute": modules, "--fp8": fp8,
-                      "--breakdown": breakdown, "--tp-overlap": tp_overlap or None,
+                      "--breakdown": breakdown, "--attention-kernel": attention_kernel,
+                      "--kernels": kernels if kernels == "compiled-blocks" else None, "--tp-overlap": tp_overlap or None,
                       "--tp-overlap-fraction": tp_overlap_fraction})
-    choice = parse_cost_choice(cost_model, modules, fp8, st.hardware.attention_kernel(st.parallel.attention),
-                               st.hardware)
+    choice = replace(parse_cost_choice(cost_model, modules, fp8,
+                                       st.hardware.attention_kernel(st.parallel.attention), st.hardware),
+                     name=st.name)
+    if job and choice.model == "ops":  # what the job implies for the per-operator model only
+        st = replace(st, parallel=job.for_cost_model(st.parallel, choice.model, st.hardware))
+        choice = replace(choice, fp8=choice.fp8 or job.fp8)
     check_kernels(choice, st.parallel)
     check_dtype(st.hardware, st.parallel, choice.model == "ops", "--dtype" if dtype else
                 f"{st.source}: field 'parallel.dtype'" if "dtype" in st.parallel.model_fields_set else None)
@@ -320,13 +325,13 @@ def _run_compare(st: Settings, plan: _ComparePlan, choice: CostChoice,
             sweep_rows = run_sweep(plan.names, spec, hw, parallel, plan.sweep, op_times=times, comm=comm,
                                    on_point=advance, runtime=lambda par: choice.runtime(spec, par, hw),
                                    describe=lambda exc: exc.named(namer) if isinstance(exc, SettingsError) else str(exc))
-            if sweep_rows["error"].notna().all():
-                raise SimtrainError(f"--sweep: no point could be simulated; first reason: {sweep_rows['error'].iloc[0]}")
+            if sweep_rows["error_message"].notna().all():
+                raise SimtrainError(f"--sweep: no point could be simulated; first reason: {sweep_rows['error_message'].iloc[0]}")
         for r in runs:
             check_finite(r.report.to_row(), r.report.schedule)
         if sweep_rows is not None:
-            done = sweep_rows[sweep_rows["error"].isna()]  # a NaN mfu there is a None (fixed op-times)
-            check_finite(done.drop(columns=["error", "mfu"]).assign(mfu=done["mfu"].fillna(0.0)).to_dict("records"),
+            done = sweep_rows[sweep_rows["error_message"].isna()]  # a NaN mfu there is a None (fixed op-times)
+            check_finite(done.drop(columns=["error_message", "mfu"]).assign(mfu=done["mfu"].fillna(0.0)).to_dict("records"),
                          "--sweep")
     return runs, sweep_rows
 
@@ -460,8 +465,8 @@ def _print_sweep(rows: pd.DataFrame, field: str) -> None:
     for c in SWEEP_COLUMNS:
         table.add_column(c.cli.format(field=field), justify="left" if c.key == "schedule" else "right")
     for r in rows.to_dict("records"):
-        if isinstance(r.get("error"), str):
-            table.add_row(*(c.terminal(r) for c in SWEEP_COLUMNS[:2]), f"[red]not simulated: {r['error']}[/red]",
+        if isinstance(r.get("error_message"), str):
+            table.add_row(*(c.terminal(r) for c in SWEEP_COLUMNS[:2]), f"[red]not simulated: {r['error_message']}[/red]",
                           *[""] * (len(SWEEP_COLUMNS) - 3))
             continue
         table.add_row(*(c.terminal(r) for c in SWEEP_COLUMNS))

@@ -89,7 +89,7 @@ def _print_tables(summary: dict, subtitle: str) -> None:
         for r in rows:
             table.add_row(config_label(r), str(r["gpus"]), f"{r['step_time_s']:.3f}",
                           f"{r['tokens_per_s_per_gpu']:,.0f}", f"{r['mfu']:.1%}",
-                          f"{r['peak_memory_bytes'] / GiB:.1f}", "yes" if r["fits_in_hbm"] else "[red]NO[/red]")
+                          f"{r['peak_memory_bytes_max'] / GiB:.1f}", "yes" if r["fits_in_hbm"] else "[red]NO[/red]")
         _out.print(table)
     pruned = ", ".join(f"{k} {v:,}" for k, v in summary["pruned"].items() if v)
     _out.print(f"{summary['considered']:,} configurations considered, {summary['evaluated']:,} simulated; "

@@ -74,15 +74,20 @@ class KernelRates:
                 rate += w * table[tuple(i + bit for i, bit in zip(idx, bits))]
         return float(rate * scale)  # a Python float: numpy scalars slow every sum the simulator does with them
 
-    def attention_kernel(self, kernel: str | None = None) -> AttentionKernel:
+    def attention_kernel(self, kernel: str | None = None, where: str | None = None) -> AttentionKernel:
         """The rates of fused-attention ``kernel`` (None: :attr:`attention_default`).
+
+        Args:
+            kernel: a name of :data:`ATTENTION_KERNELS`, or None.
+            where: how a refusal names the setting (``--attention-kernel fa4``, a scenario file's
+                field); default ``attention kernel NAME``.
 
         Raises:
             SimtrainError: this kind has no measured rate for that kernel (the message lists those it has).
         """
         name = kernel or self.attention_default
         if name not in self.attention:
-            raise SimtrainError(f"--attention-kernel {name}: op_data.yaml has no measured rate of that fused-attention "
+            raise SimtrainError(f"{where or f'attention kernel {name}'}: op_data.yaml has no measured rate of that fused-attention "
                                 f"kernel on GPU kind {self.kind}; measured: {', '.join(sorted(self.attention)) or 'none'}")
         return self.attention[name]
 
@@ -199,35 +204,61 @@ def kernel_rates(kind: str, path: Path = OP_DATA) -> KernelRates:
                        att.get("default") if kernels else None, spec.get("hbm_efficiency", 1.0), host_s)
 
 
+FLAT_ONLY_COMPUTE = (("compute.linear_tflops", "linear_rates"), ("compute.attention_tflops", "attention_rates"),
+                     ("compute.elementwise_gb_per_s", "elementwise_bytes_per_s"),
+                     ("compute.layer_slowdown", "layer_slowdown"))
+"""``compute:`` fields of a profile (and their :class:`HardwareProfile` attributes) that only the
+flat model prices: the per-operator model takes its GEMM, attention and memory-bound rates from
+``op_data.yaml`` and sums kernels without an in-pipeline slowdown, so it would ignore them."""
+
+
+def flat_only_fields(hardware: HardwareProfile) -> list[str]:
+    """The :data:`FLAT_ONLY_COMPUTE` fields ``hardware``'s file sets (``compute.layer_slowdown``, ...);
+    empty for a profile without such measurements."""
+    return [name for name, attr in FLAT_ONLY_COMPUTE if any(getattr(hardware, attr).values())]
+
+
 def rates_for(hardware: HardwareProfile) -> KernelRates:
     """The kernel rates of ``hardware``'s GPU kind (:func:`gpu_kind_of`).
 
     Raises:
         SimtrainError: the profile's GPU kind has no tables (neither its name is in ``profiles:``
-            nor its compute figures are a listed profile's).
+            nor its compute figures are a listed profile's), or the profile has measured rates
+            only the flat model prices (:func:`flat_only_fields`), which the tables would silently
+            override.
     """
+    ignored = flat_only_fields(hardware)
+    if ignored:
+        raise SimtrainError(f"{hardware.path or hardware.name}: {ignored[0]} is priced by the flat cost model only; "
+                            "the per-operator model takes its kernel rates from op_data.yaml and would ignore it "
+                            "(run it with the flat or auto cost model, or remove the field)")
     kind = gpu_kind_of(hardware)
     if kind is None:
         raise SimtrainError(f"hardware {hardware.name!r}: the per-operator cost model has kernel tables for "
                             f"{sorted(_op_data(OP_DATA)['profiles'])} and for copies of them with the same compute "
-                            f"figures (peak_tflops, efficiency.matmul) only")
+                            f"figures (efficiency.matmul, and peak_tflops of the dtypes the tables rate) only")
     return _within_peaks(kind, tuple(sorted(hardware.peak_flops.items())))
 
 
 def gpu_kind_of(hardware: HardwareProfile) -> str | None:
     """The GPU kind of ``op_data.yaml`` whose tables price ``hardware``: its name's entry in
     ``profiles:``, else that of a listed shipped profile with the same compute figures
-    (``peak_flops``, ``matmul_efficiency``) -- a renamed copy, e.g. with other links or HBM -- ,
-    else None."""
+    (:func:`_same_compute`) -- a renamed copy, e.g. with other links or HBM -- , else None."""
     profiles = _op_data(OP_DATA)["profiles"]
     if hardware.name in profiles:
         return profiles[hardware.name]
-    return next((profiles[name] for name in sorted(profiles) if _same_compute(hardware, _shipped(name))), None)
+    return next((profiles[name] for name in sorted(profiles)
+                 if _same_compute(hardware, _shipped(name), profiles[name])), None)
 
 
-def _same_compute(a: HardwareProfile, b: HardwareProfile) -> bool:
-    """Whether ``a`` and ``b`` have the same compute figures (what the kernel tables stand for)."""
-    return (a.peak_flops, a.matmul_efficiency) == (b.peak_flops, b.matmul_efficiency)
+def _same_compute(a: HardwareProfile, b: HardwareProfile, kind: str) -> bool:
+    """Whether ``a`` and ``b`` have the same compute figures that GPU ``kind``'s tables stand for:
+    ``matmul_efficiency`` and the peak of every dtype the kind has a GEMM table for (a peak caps
+    that table, :func:`_within_peaks`). The peak of another dtype (fp64, tf32) prices nothing the
+    per-operator model runs, so a copy that edits only that one keeps the tables."""
+    dtypes = set(kernel_rates(kind).gemm)
+    peaks = [{d: v for d, v in p.peak_flops.items() if d in dtypes} for p in (a, b)]
+    return peaks[0] == peaks[1] and a.matmul_efficiency == b.matmul_efficiency
 
 
 @functools.lru_cache(maxsize=None)
@@ -256,15 +287,16 @@ def _within_peaks(kind: str, peaks: tuple[tuple[str, float], ...]) -> KernelRate
 
 def has_kernel_tables(hardware: HardwareProfile) -> bool:
     """Whether ``hardware`` is an uncalibrated profile with a shipped profile's compute figures
-    (``peak_flops``, ``matmul_efficiency``): the shipped profile itself or a copy of it, renamed or
-    with other links or HBM, which the tables honour (the per-operator model is then the default).
-    A calibrated profile keeps its own measurements, and so does a copy with edited compute
-    figures, which the tables of a GPU kind would otherwise override."""
-    if hardware.calibration is not None:
+    (:func:`_same_compute`): the shipped profile itself or a copy of it, renamed or with other
+    links or HBM, which the tables honour (the per-operator model is then the default).
+    A calibrated profile keeps its own measurements, and so do a copy with edited compute figures,
+    which the tables of a GPU kind would otherwise override, and one with measured rates only the
+    flat model prices (:func:`flat_only_fields`)."""
+    if hardware.calibration is not None or flat_only_fields(hardware):
         return False
     profiles = _op_data(OP_DATA)["profiles"]
     if hardware.name in profiles:
-        return _same_compute(hardware, _shipped(hardware.name))
+        return _same_compute(hardware, _shipped(hardware.name), profiles[hardware.name])
     return gpu_kind_of(hardware) is not None
 
 

@@ -46,7 +46,7 @@ from ..errors import SimtrainError
 from ..hardware import HardwareProfile
 from ..models import ModelSpec
 from ..moe import check_expert_parallel
-from ..parallel import ParallelConfig
+from ..parallel import ParallelConfig, flag_name
 from ..schedules.ir import ScheduleWarning
 from .context import cp_declaration
 from .eager import eager_factors  # noqa: F401 (re-exported)
@@ -359,7 +359,7 @@ def grad_norm_clip_s(ctx: _Ctx, params: float) -> float:
 
 def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwareProfile,
                 attention: str = "flash", recompute: str | None = None, fp8: str | None = None,
-                host_bound: bool = True):
+                host_bound: bool = True, name=flag_name):
     """A ``runtime`` hook for :func:`simtrain.scenario.run_schedule` that replaces each chunk's F,
     I and W seconds by the per-operator sums of :func:`chunk_breakdown`, and adds the gradient
     norm and clipping to the optimizer step.
@@ -378,6 +378,8 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
         host_bound: False leaves out the excess of asynchronous kernel launches over the GPU's time
             (the ``launch`` row's per-pass maximum): what :mod:`simtrain.plan` sums over layers
             for its lower bounds.
+        name: how a refusal names a parallel setting and its value (``--recompute x``, or a
+            scenario file's field: :func:`simtrain.cli.settings.setting_name`).
 
     Returns:
         A function StageCosts -> StageCosts. Costs given by ``--op-times`` pass through
@@ -393,16 +395,18 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
         raise SimtrainError(f"attention = {attention!r}: choose flash or unfused")
     if fp8 not in (None, "gemms"):
         raise SimtrainError(f"--fp8 = {fp8!r}: the only choice is gemms (FP8 GEMMs, attention in {parallel.dtype})")
-    rerun = parse_recompute(recompute or parallel.recompute)
+    spec = recompute or parallel.recompute
+    rerun = parse_recompute(spec)  # validated by recompute_modules where it was given
     if EVERY_SECOND_MM in rerun and model.mla is not None:
-        raise SimtrainError(f"--recompute = {EVERY_SECOND_MM!r}: defined for blocks with separate Q, K and V "
+        raise SimtrainError(f"{name('recompute', EVERY_SECOND_MM)}: defined for blocks with separate Q, K and V "
                             f"projections; {model.name} uses MLA (name the modules instead)")
     rates = rates_for(hardware)
     if parallel.attention_kernel is not None:
+        said = name("attention_kernel", parallel.attention_kernel)
         if attention != "flash":
-            raise SimtrainError(f"--attention-kernel {parallel.attention_kernel}: names a fused-attention kernel, "
-                                f"and attention is {attention} (use --attention flash or leave the kernel out)")
-        rates.attention_kernel(parallel.attention_kernel)  # measured on this kind, or an error
+            raise SimtrainError(f"{said}: names a fused-attention kernel, and attention is {attention} "
+                                f"(set {name('attention', 'flash')} or leave the kernel out)")
+        rates.attention_kernel(parallel.attention_kernel, said)  # measured on this kind, or an error
     if attention == "flash" and not rates.attention:
         warnings.warn(f"{hardware.name} ({rates.kind}): no measured fused-attention rate in op_data.yaml, so "
                       f"attention is priced as unfused (materialised scores), slower than a fused kernel; "
@@ -414,14 +418,19 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
                rerun, "fp8" if fp8 else None, host_bound)
     check_moe(ctx)
     check_expert_parallel(model, parallel, hardware)  # before pricing an expert layer
-    spec = recompute or parallel.recompute
     if spec not in ("none", "selective", "full", EVERY_SECOND_MM) and parallel.kernels == "eager":
-        raise SimtrainError(f"--recompute = {spec!r} with --kernels eager: eager saved tensors are counted per block, "
+        raise SimtrainError(f"{name('recompute', spec)} with {name('kernels', 'eager')}: eager saved tensors are counted per block, "
                             f"so reruns would free no memory; use none, selective, full or {EVERY_SECOND_MM}")
     if spec not in ("none", "selective", "full", EVERY_SECOND_MM):  # a module list: one layer of each kind
         kinds = {model.is_moe_layer(i): i for i in range(model.num_layers)}
-        check_present(spec, model.name, {o.name for moe, i in kinds.items()
-                                         for o in (moe_layer_ops(ctx, i).ops if moe else _layer_ops(ctx, i))})
+        try:
+            check_present(spec, model.name, {o.name for moe, i in kinds.items()
+                                             for o in (moe_layer_ops(ctx, i).ops if moe else _layer_ops(ctx, i))})
+        except SimtrainError as exc:  # worded for the flag: name a file's field or an argument instead
+            said = name("recompute", spec)
+            if said == flag_name("recompute", spec):
+                raise
+            raise SimtrainError(str(exc).replace(f"--recompute = {spec!r}", said, 1)) from None
     return _apply_with(ctx)
 
 

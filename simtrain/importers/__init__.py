@@ -29,6 +29,11 @@ class ImportedJob:
             ``parallelism.tensor_parallel_degree``), for messages about the file's values.
         given: the ``parallel`` keys the command line set (shown as such in :meth:`summary`).
         flag: the command-line flag that read the file (``--from-megatron``), for messages.
+        ops_settings: ``parallel`` fields the job implies that only the per-operator cost model
+            prices (``kernels``), applied by :meth:`for_cost_model` when it runs.
+        attention_by_kind: the fused-attention kernel the job runs per GPU kind of
+            :mod:`simtrain.costs.kernels` (``{"sm_90": "fa2"}``), applied likewise.
+        fp8: ``gemms`` when the job runs its linear layers' GEMMs in FP8 (compare's ``--fp8``).
     """
 
     source: str
@@ -40,14 +45,38 @@ class ImportedJob:
     fields: dict[str, str] = field(default_factory=dict)
     given: set[str] = field(default_factory=set)
     flag: str = ""
+    ops_settings: dict[str, Any] = field(default_factory=dict)
+    attention_by_kind: dict[str, str] = field(default_factory=dict)
+    fp8: str | None = None
+
+    def for_cost_model(self, parallel, cost_model: str, hardware):
+        """``parallel`` with :attr:`ops_settings` and the GPU kind's :attr:`attention_by_kind` entry
+        where the per-operator model (``cost_model`` ``ops``) prices ``hardware`` and the command
+        line did not set the field; unchanged under the flat model, which refuses them.
+
+        Returns:
+            A :class:`~simtrain.parallel.ParallelConfig`.
+        """
+        from ..costs.kernels import gpu_kind_of
+
+        if cost_model != "ops":
+            return parallel
+        update = dict(self.ops_settings)
+        kernel = self.attention_by_kind.get(gpu_kind_of(hardware) or "")
+        if kernel is not None:
+            update["attention_kernel"] = kernel
+        return parallel.model_copy(update={k: v for k, v in update.items() if k not in self.given})
 
     def summary(self) -> list[str]:
         """Three lines for the user: what was read, what is simulated (a value the command line
         set is marked ``(--flag)``), what was ignored."""
         settings = ", ".join(f"{k} {v}" + (f" (--{k.replace('_', '-')})" if k in self.given else "")
                              for k, v in self.parallel.items())
+        ops = [f"{k} {v}" for k, v in self.ops_settings.items()] + [f"fp8 {self.fp8}"] * bool(self.fp8) + \
+            [f"attention_kernel {v} on {k}" for k, v in self.attention_by_kind.items()]
         simulating = (f"{self.model.name} ({self.model.total_params / 1e9:.2f}B parameters), {settings}, "
-                      f"schedule {', '.join(self.schedules)}")
+                      f"schedule {', '.join(self.schedules)}"
+                      + (f"; with the per-operator cost model: {', '.join(ops)}" if ops else ""))
         return [f"{self.source}: read: {', '.join(self.mapped)}", f"{self.source}: simulating: {simulating}",
                 f"{self.source}: ignored: {'; '.join(self.ignored) or 'nothing'}"]
 

@@ -6,12 +6,29 @@ mixed_precision_param, mixed_precision_reduce``; ``[parallelism] data_parallel_r
 data_parallel_shard_degree, tensor_parallel_degree, pipeline_parallel_degree,
 pipeline_parallel_schedule, pipeline_parallel_microbatch_size, pipeline_parallel_layers_per_stage,
 context_parallel_degree, context_parallel_rotate_method, expert_parallel_degree``;
-``[activation_checkpoint] mode``), with its defaults. FSDP2 (``data_parallel_shard_degree`` other
+``[activation_checkpoint] mode``; ``training.compile`` or ``[compile] enable, components``), with
+its defaults. FSDP2 (``data_parallel_shard_degree`` other
 than 1) is ZeRO-3 (parameters re-sharded after each forward), or ZeRO-2 with pipeline parallelism,
 where torchtitan keeps the gathered parameters between microbatches (``reshard_after_forward``
 False); its gradients are reduced in ``mixed_precision_reduce`` (default float32). Context
 parallelism's ``allgather`` rotation (the default) is simtrain's ``allgather`` CP, ``alltoall`` its
-``ring``. The model is the preset of the same flavor (``llama3`` 8B/70B/405B, ``deepseek_v3``
+``ring``.
+
+What only the per-operator cost model prices, as ``simtrain/published/runs.yaml``'s torchtitan
+cases read it from torchtitan's code: the ``float8`` converter swaps the linear layers for torchao's
+``Float8Linear`` (the output head excluded, ``float8.filter_fqns`` ``["output"]``) while the
+parameters stay in ``mixed_precision_param``: FP8 GEMMs (``fp8: gemms``), not an fp8 compute
+dtype. Without compile the blocks run as PyTorch eager ops (``kernels: eager``); compile of the
+model alone (``[compile] components = ["model"]``) compiles each TransformerBlock while the loss
+stays eager (``compiled-blocks``); with the loss too (``training.compile``, whose loss
+``components/loss.py`` compiles, or ``[compile]``'s default components ``["model", "loss"]``),
+``fused``. Attention runs ``F.scaled_dot_product_attention``: on H100-class GPUs (sm_90) it ran
+FlashAttention-2 at every torchtitan version runs.yaml reads -- the December 2024 torch 2.6 nightly
+did not pick cuDNN there (pytorch#142132, after pytorch#138522 made it opt-in), and from mid-2025
+torchtitan's ``ScaledDotProductAttention._init_backend`` puts FLASH_ATTENTION first on every GPU
+but compute capability 10.0 -- so ``attention_kernel: fa2`` there and on A100 (sm_80); on sm_100,
+where torchtitan puts cuDNN first and ``op_data.yaml`` rates no cuDNN kernel, the kind's default
+prices it. The model is the preset of the same flavor (``llama3`` 8B/70B/405B, ``deepseek_v3``
 671B), else the HuggingFace ``config.json`` in ``hf_assets_path``.
 """
 
@@ -35,7 +52,9 @@ FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("lla
 _SINGLE_STAGE = {"gpipe", "1f1b"}
 _READ = {
     "model": {"name", "flavor", "hf_assets_path", "converters"},
-    "training": {"local_batch_size", "seq_len", "mixed_precision_param", "mixed_precision_reduce", "global_batch_size"},
+    "training": {"local_batch_size", "seq_len", "mixed_precision_param", "mixed_precision_reduce", "global_batch_size",
+                 "compile"},
+    "compile": {"enable", "components"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
                     "pipeline_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
                     "pipeline_parallel_layers_per_stage", "context_parallel_degree", "context_parallel_rotate_method",
@@ -74,7 +93,8 @@ _FIELDS = dict(tp="parallelism.tensor_parallel_degree", pp="parallelism.pipeline
                cp_kind="parallelism.context_parallel_rotate_method",
                grad_reduce_dtype="training.mixed_precision_reduce",
                zero_impl="parallelism.data_parallel_shard_degree (torchtitan's FSDP is FSDP2)",
-               fused_projections="model.name (torchtitan's models run wq, wk, wv and w1, w3 as separate linear layers)")
+               fused_projections="model.name (torchtitan's models run wq, wk, wv and w1, w3 as separate linear layers)",
+               kernels="compile.enable / training.compile", attention_kernel="(torchtitan's SDPA priority)")
 """simtrain's parallel field -> the torchtitan field it comes from, for messages."""
 
 _PRECISION = {"bfloat16": "bf16", "float32": "fp32"}
@@ -155,12 +175,13 @@ def read_torchtitan_toml(path: Path, given: dict | None = None) -> ImportedJob:
     vp = 1 if schedule in _SINGLE_STAGE else (math.ceil(model.num_layers / per_stage / pp) if per_stage else 2)
     shard = p.get("data_parallel_shard_degree", -1)
     converters = m.get("converters", [])
+    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
+        raise SimtrainError(f"--from-torchtitan {path}: model.converters = {converters!r}: expected a list of names")
     parallel = dict(tp=j.int("parallelism", "tensor_parallel_degree", 1), pp=pp,
                     dp=_data_parallel(j, given.get("dp"), notes), vp=vp,
                     ep=j.int("parallelism", "expert_parallel_degree", 1), microbatch_size=mbs,
                     microbatches=local // mbs, seq_len=j.int("training", "seq_len", 2048),
-                    dtype="fp8" if isinstance(converters, list) and "float8" in converters else
-                    j.choice("training", "mixed_precision_param", "bfloat16", _PRECISION),
+                    dtype=j.choice("training", "mixed_precision_param", "bfloat16", _PRECISION),
                     zero_stage=_fsdp_stage(p.get("fsdp_reshard_after_forward", "default"), pp) if shard != 1 else 0,
                     recompute=j.section("activation_checkpoint").get("mode", "selective"),
                     cp=j.int("parallelism", "context_parallel_degree", 1),
@@ -176,4 +197,24 @@ def read_torchtitan_toml(path: Path, given: dict | None = None) -> ImportedJob:
     mapped = [f"{sec}.{k} = {v!r}" for sec, keys in _READ.items() for k, v in j.section(sec).items() if k in keys]
     ignored = notes + [f"{sec}.{k}" for sec, table in job.items() if sec not in _SILENT and isinstance(table, dict)
                        for k in table if k not in _READ.get(sec, set())]
-    return ImportedJob(str(path), model, parallel, [schedule], mapped, ignored, _FIELDS, set(given), "--from-torchtitan")
+    return ImportedJob(str(path), model, parallel, [schedule], mapped, ignored, _FIELDS, set(given), "--from-torchtitan",
+                       dict(kernels=_kernels(j)), dict(_ATTENTION), "gemms" if "float8" in converters else None)
+
+
+_ATTENTION = {"sm_90": "fa2", "sm_80": "fa2"}
+"""GPU kind -> the fused-attention kernel torchtitan's SDPA runs there (module docstring)."""
+
+
+def _kernels(j: _Job) -> str:
+    """simtrain's ``kernels`` of the job's compile settings (module docstring)."""
+    comp = j.section("compile")
+    enable, old = comp.get("enable", False), j.section("training").get("compile", False)
+    components = comp.get("components", ["model", "loss"])
+    for key, value in (("compile.enable", enable), ("training.compile", old)):
+        if not isinstance(value, bool):
+            raise SimtrainError(f"{j.where}: {key} = {value!r}: expected true or false")
+    if not isinstance(components, list) or not set(components) <= {"model", "loss"}:
+        raise SimtrainError(f"{j.where}: compile.components = {components!r}: expected a list of 'model' and 'loss'")
+    if old or (enable and {"model", "loss"} <= set(components)):
+        return "fused"
+    return "compiled-blocks" if enable and "model" in components else "eager"

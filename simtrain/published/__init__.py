@@ -383,6 +383,14 @@ def rows_table(rows: list[Row], title: str):
     for r in rows:
         memory = "" if r.peak_memory_gib is None else (
             f"{r.peak_memory_gib:.1f}/{r.hbm_gib:.0f}" + ("" if r.fits_in_hbm else " OVER"))
-        table.add_row(r.case, r.label, r.metric, f"{r.published:.4g}", f"{r.predicted:.4g}",
+        table.add_row(r.case, r.label, r.metric, _figure(r.published), _figure(r.predicted),
                       f"{r.error:+.1%}" if r.excluded is None else f"({r.error:+.1%})", memory)
     return table
+
+
+def _figure(value: float) -> str:
+    """A figure for the table: a whole number with thousands separators from 1,000 (``14,451``,
+    not ``1.445e+04``), else four significant digits."""
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"

@@ -108,15 +108,15 @@ def sweep_figure(rows: pd.DataFrame, field: str, pp: int | None = None) -> go.Fi
 
     Args:
         rows: one row per (schedule, value) with columns ``schedule``, ``value``,
-            ``bubble_ratio``, ``tokens_per_s``, ``peak_memory_bytes`` (worst rank), ``hbm_bytes``,
+            ``bubble_ratio``, ``tokens_per_s``, ``peak_memory_bytes_max`` (worst rank), ``hbm_bytes``,
             ``gpus``, ``tokens_per_s_per_gpu``, ``mfu`` (tokens/s per GPU is drawn when ``gpus`` varies)
-            and ``error`` (None, or why that point could not be simulated: it is left out).
+            and ``error_message`` (None, or why that point could not be simulated: it is left out).
         field: the swept parameter (``microbatches``, ``pp``, ``vp`` ...).
         pp: pipeline ranks; with ``field == "microbatches"`` the figure adds the GPipe/1F1B
             formula (p-1)/(m+p-1) (GPipe, Huang et al. 2019, §2.3; bubble over makespan) as a
             dashed reference line.
     """
-    ok = rows[rows["error"].isna()] if "error" in rows else rows
+    ok = rows[rows["error_message"].isna()] if "error_message" in rows else rows
     per_gpu = "gpus" in ok and ok["gpus"].nunique() > 1  # a pp/tp/dp sweep: compare per GPU
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(
         "bubble ratio", "throughput per GPU (tokens/s/GPU)" if per_gpu else "throughput (tokens/s)",
@@ -130,7 +130,7 @@ def sweep_figure(rows: pd.DataFrame, field: str, pp: int | None = None) -> go.Fi
         throughput = part["tokens_per_s_per_gpu"] if per_gpu else part["tokens_per_s"]
         extra = "<br>%{customdata[0]} GPUs, MFU %{customdata[1]:.1%}" if per_gpu else ""
         for col, y, fmt in ((1, part["bubble_ratio"], ".1%"), (2, throughput, ",.0f"),
-                            (3, part["peak_memory_bytes"] / GiB, ".1f")):
+                            (3, part["peak_memory_bytes_max"] / GiB, ".1f")):
             fig.add_trace(go.Scatter(
                 x=part["value"], y=y, mode="lines+markers", name=schedule, legendgroup=schedule,
                 showlegend=col == 1, line=dict(color=color, width=2.2, dash=dash),

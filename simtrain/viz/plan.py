@@ -30,7 +30,7 @@ def pareto_figure(rows: list[dict], pareto: list[dict], hbm_bytes: float) -> go.
     for name, data, style in (("simulated", rows, dict(size=7, color="#9aa5b1")),
                               ("Pareto front", pareto, dict(size=10, color="#d62728"))):
         fig.add_trace(go.Scatter(
-            x=[r["peak_memory_bytes"] / GiB for r in data], y=[r["step_time_s"] for r in data],
+            x=[r["peak_memory_bytes_max"] / GiB for r in data], y=[r["step_time_s"] for r in data],
             mode="markers+lines" if name == "Pareto front" else "markers", name=name, marker=style,
             line=dict(shape="hv", color=style["color"]),
             text=[config_label(r) + f"<br>MFU {r['mfu']:.1%}, {r['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU"
@@ -49,7 +49,7 @@ def _top_table(top: list[dict]) -> str:
     body = "".join(
         f"<tr><td>{i + 1}</td><td>{html.escape(config_label(r))}</td><td>{r['gpus']}</td>"
         f"<td>{r['step_time_s']:.3f}</td><td>{r['tokens_per_s_per_gpu']:,.0f}</td><td>{r['mfu']:.1%}</td>"
-        f"<td>{r['peak_memory_bytes'] / GiB:.1f}</td><td>{'yes' if r['fits_in_hbm'] else 'no'}</td></tr>"
+        f"<td>{r['peak_memory_bytes_max'] / GiB:.1f}</td><td>{'yes' if r['fits_in_hbm'] else 'no'}</td></tr>"
         for i, r in enumerate(top))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 

@@ -91,7 +91,7 @@ SWEEP_COLUMNS: tuple[Column, ...] = (
     Column("tokens", "tokens/s", "tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
     Column("tokens_gpu", "tokens/s/GPU", "tokens/s/GPU", lambda r: f"{r['tokens_per_s_per_gpu']:,.0f}"),
     Column("mfu", "MFU", "MFU", lambda r: pct(None if pd.isna(r["mfu"]) else r["mfu"])),
-    Column("peak", "peak memory (GiB)", "peak mem (GiB)", lambda r: f"{r['peak_memory_bytes'] / GiB:.1f}"),
+    Column("peak", "peak memory (GiB)", "peak mem (GiB)", lambda r: f"{r['peak_memory_bytes_max'] / GiB:.1f}"),
     Column("fits", "fits in HBM", "fits HBM", lambda r: "yes" if r["fits_in_hbm"] else "NO",
            lambda r: "yes" if r["fits_in_hbm"] else "[red]NO[/red]"),
 )
@@ -152,10 +152,10 @@ def sweep_table_html(rows: pd.DataFrame, field: str) -> str:
     """An HTML table of a sweep: one row per (value, schedule)."""
     out = []
     for r in sweep_records(rows):
-        if isinstance(r.get("error"), str):
+        if isinstance(r.get("error_message"), str):
             out.append("<tr>" + "".join(f"<td class=''>{html.escape(c.text(r))}</td>" for c in SWEEP_COLUMNS[:2])
                        + f"<td class='bad' colspan='{len(SWEEP_COLUMNS) - 2}' style='text-align:left'>"
-                       f"{html.escape('not simulated: ' + r['error'])}</td></tr>")
+                       f"{html.escape('not simulated: ' + r['error_message'])}</td></tr>")
             continue
         bad = "" if r["fits_in_hbm"] else "bad"
         out.append("<tr>" + "".join(f"<td class='{bad if c.key in ('peak', 'fits') else ''}'>"

@@ -185,7 +185,7 @@ def stored_reduction(ctx, chunk, cache: dict) -> float:
 
     rerun, parallel = ctx.recompute, ctx.parallel
     sac = EVERY_SECOND_MM in rerun and parallel.recompute != "full"
-    if not sac and (parallel.recompute != "none" or not rerun or FULL in rerun or EVERY_SECOND_MM in rerun):
+    if not sac and (parallel.recompute != "none" or not rerun or FULL in rerun):
         return 0.0
     replicated = 0.0 if parallel.sequence_parallel else 1.0 - 1.0 / parallel.tp
     per_token = 0.0

@@ -104,10 +104,10 @@ def add_gradient_reduction(low: Lowering) -> None:
         per = costs.grad_reduce_bytes_per_param
         dense = (c.params - c.expert_params - c.frozen_params) * per / pieces
         experts = c.expert_params * per / pieces
+        produced, reduced = sharded_reduction_bytes(c, costs, pieces) if transient else (0.0, 0.0)
         for i, piece in enumerate(anchors):
             rank = piece.rank
             if transient:  # the bucket's unsharded gradient, from its piece's start to its reduction
-                produced, reduced = sharded_reduction_bytes(c, costs, pieces)
                 add_delta(piece, "start", rank, produced)
                 earlier = in_flight.setdefault(rank, [])  # (reduction, its piece), in order
                 if len(earlier) >= 2 and earlier[-2][1] is not piece and earlier[-2][0] not in piece.deps:

@@ -4,6 +4,7 @@ predicted / published - 1, and `simtrain validate --published` prints them (JSON
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import json
 
 import pytest
@@ -84,6 +85,12 @@ def test_an_excluded_figure_is_printed_but_kept_out_of_the_median_and_max(tmp_pa
     assert s["max_abs_error"] == pytest.approx(0.2) and s["median_abs_error"] == pytest.approx(0.15)
     assert s["figures"] == 2 and s["cases"] == 2 and s["excluded"] == 1
     assert regressed.to_row()["excluded"] == "the publisher's regression report" and judged[0].to_row()["excluded"] is None
+    assert (s["speed_figures"], s["too_fast"], s["too_slow"]) == (2, 1, 1)  # step time 0.8 of 1.0: too fast
+    assert s["median_speed_error"] == pytest.approx(statistics.median([1 / 1.1 - 1, 1 / 0.8 - 1]))
+    tflops = Row("f", "u", "model_tflops", 100.0, 120.0, 0.2)
+    memory = Row("g", "t", "peak_memory_gib", 60.0, 70.0, 1 / 6)
+    assert tflops.speed_error == pytest.approx(0.2) and memory.speed_error is None
+    assert summarise([tflops, memory])["speed_figures"] == 1
     with pytest.raises(ValueError):
         summarise([regressed])  # nothing left to judge
     # a judged training figure whose simulated peak exceeds HBM is counted (an excluded one is not)

@@ -107,6 +107,10 @@ class CaseFile(_Strict):
     params_for_tflops: float | None = Field(default=None, gt=0)
 
 
+SPEED_METRICS = frozenset({"megatron_hw_tflops", "hw_tflops_8pt", "model_tflops", "tokens_per_s_per_gpu", "mfu"})
+"""The training metrics that grow with speed (``step_time_s`` shrinks with it; ``peak_memory_gib``
+is not a speed)."""
+
 NetworkMetric = Literal["busbw_gb_per_s", "algbw_gb_per_s", "nvlink_gb_per_s", "rdma_gb_per_s"]
 NETWORK_METRICS = frozenset(get_args(NetworkMetric))
 """The metrics of the ``network`` cases (collective bandwidths, GB/s)."""
@@ -170,6 +174,17 @@ class Row:
     peak_memory_gib: float | None = None
     hbm_gib: float | None = None
     fits_in_hbm: bool | None = None
+
+    @property
+    def speed_error(self) -> float | None:
+        """Predicted over published training speed, minus 1 (> 0: predicted faster than measured),
+        for a throughput metric its ``error`` and for ``step_time_s`` ``published / predicted - 1``;
+        None for a memory or collective figure."""
+        if self.metric in SPEED_METRICS:
+            return self.error
+        if self.metric == "step_time_s":
+            return self.published / self.predicted - 1
+        return None
 
     @property
     def kind(self) -> str:
@@ -356,14 +371,22 @@ def summarise(rows: list[Row]) -> dict[str, float]:
     ``over_hbm``: how many judged training figures peak above their GPU's HBM (memory-model errors,
     :class:`Row`).
 
+    The direction of the speed errors, which ``|error|`` hides: ``speed_figures`` judged figures
+    with a speed metric (:attr:`Row.speed_error`), of which ``too_fast`` are predicted faster than
+    published and ``too_slow`` slower, and ``median_speed_error``, the median signed speed error
+    (> 0: simtrain is optimistic; None without a speed figure).
+
     Raises:
         ValueError: ``rows`` has no judged figure.
     """
     judged = [r for r in rows if r.excluded is None]
     errors = [abs(r.error) for r in judged]
+    speeds = [r.speed_error for r in judged if r.speed_error is not None]
     return dict(median_abs_error=statistics.median(errors), max_abs_error=max(errors),
                 figures=len(judged), cases=len({r.case for r in judged}), excluded=len(rows) - len(judged),
-                over_hbm=len(over_hbm(judged)))
+                over_hbm=len(over_hbm(judged)), speed_figures=len(speeds),
+                too_fast=sum(e > 0 for e in speeds), too_slow=sum(e < 0 for e in speeds),
+                median_speed_error=statistics.median(speeds) if speeds else None)
 
 
 def over_hbm(rows: list[Row]) -> list[Row]:

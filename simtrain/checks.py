@@ -351,6 +351,9 @@ def _check_settings_apply(names: list[str], parallel: ParallelConfig, given: set
                         "into I and W, so nothing waits for a W")
     if parallel.grad_reduce_op is not None and parallel.dp == 1:
         _not_applicable("--grad-reduce-op", "grad_reduce_op" in given, "there is no DP gradient reduction with --dp 1")
+    if parallel.cp_impl == "torch" and parallel.cp == 1:
+        _not_applicable("--cp-impl", "cp_impl" in given, "torch prices torch's context-parallel merges and rotations, "
+                        "and cp 1 runs no context parallelism")
     if parallel.zero_impl == "fsdp2" and parallel.zero_stage < 2:
         _not_applicable("--zero-impl", "zero_impl" in given, f"fsdp2 prices FSDP2's copy-out of gathered parameters, and "
                         f"zero_stage {parallel.zero_stage} keeps every parameter whole (FSDP2 shards gradients too: ZeRO-2 or 3)")

@@ -83,6 +83,11 @@ class ParallelConfig(NumbersNotBooleans):
             (KV blocks passed around the CP ring, overlapped with blockwise attention; Liu et al.
             2023), ``ulysses`` (all-to-all of heads before and after attention; Jacobs et al.
             2023) or ``allgather`` (all-gather of K and V, Llama 3 §3.3.2).
+        cp_impl: whose CP code runs: ``te`` (Megatron-Core / Transformer Engine, what ``cp_kind``
+            describes) or ``torch`` (torch's ``context_parallel``, as torchtitan uses it: every
+            head's K and V on the wire, partial outputs merged and dK/dV accumulated in fp32, the
+            collectives overlapped with the attention calls; :mod:`simtrain.costs.context`; the
+            merges: :mod:`simtrain.costs.cp_merge`, per-operator cost model only).
         vp: virtual stages (model chunks) per pipeline rank, for interleaved schedules.
         microbatches: microbatches per step per DP replica (m).
         microbatch_size: sequences per microbatch (b).
@@ -270,6 +275,7 @@ class ParallelConfig(NumbersNotBooleans):
     ep: int = Field(default=1, ge=1, le=MAX_COUNT)
     cp: int = Field(default=1, ge=1, le=MAX_COUNT)
     cp_kind: Literal["ring", "ulysses", "allgather"] = "ring"
+    cp_impl: Literal["te", "torch"] = "te"
     vp: int = Field(default=1, ge=1, le=MAX_COUNT)
     microbatches: int = Field(default=1, ge=1, le=MAX_COUNT)
     microbatch_size: int = Field(default=1, ge=1, le=MAX_COUNT)

@@ -109,4 +109,5 @@ def test_torchtitan_fsdp_without_pp_is_zero3_and_cp_is_mapped(tmp_path):
     path.write_text(text + '\n')
     job = read_torchtitan_toml(path, {"dp": 4})
     assert (job.parallel["zero_stage"], job.parallel["cp"], job.parallel["cp_kind"]) == (3, 2, "ring")
+    assert job.parallel["cp_impl"] == "torch"  # torch's context_parallel: fp32 merges (simtrain.costs.cp_merge)
     assert not any("ZeRO" in note for note in job.ignored)

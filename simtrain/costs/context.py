@@ -28,6 +28,26 @@ kv_heads/tp x head_dim``) and ``q``, ``o`` those of its queries and attention ou
   attention heads and the KV heads.
 
 With full recomputation the backward repeats the forward's collectives too.
+
+``cp_impl: torch`` is torch's ``context_parallel`` (``torch/distributed/tensor/experimental/
+_attention.py``: ``_templated_ring_attention`` and its backward; pytorch/pytorch at ``0123248a``,
+the same loop as the December 2024 nightly torchtitan ``9dec370`` ran), with the KV heads that
+torchtitan's Llama passes to SDPA after ``repeat_kv`` (every query head, ``models/llama/model.py``
+at ``9dec370``). Per layer, with ``kv`` now ``s/cp x b x 2 x heads/tp x head_dim``:
+
+* F: one ``all_gather_tensor`` of ``cat(K, V)`` (``_AllGatherRotater``), issued before the first of
+  the ``cp`` SDPA calls and waited for before the second, so it can hide behind one call's
+  attention (``1/cp`` of the layer's: with load balancing every call has the same work);
+* I: the same all-gather, then at every one of the ``cp`` steps the fp32 ``cat(dK, dV)`` sent to
+  the next CP rank (``dkv_rotater``, ``_RotateMethod.ALL_TO_ALL``: ``ft_c.permute_tensor``), each
+  waited for after the next call's attention; the last wait follows the last call. They are
+  priced as hiding behind ``(cp-1)/cp`` of I's attention. One rank's send to its ring neighbour
+  moves the bytes of one ring all-gather step, so it is priced as an all-gather whose output is
+  ``cp / (cp-1)`` times the message.
+
+``ring`` (torchtitan's ``alltoall`` rotate method) passes ``cat(K, V)`` around the ring instead:
+the same bytes per rank as the all-gather, in ``cp - 1`` messages. Its merges and accumulations are
+:mod:`simtrain.costs.cp_merge`'s.
 """
 
 from __future__ import annotations
@@ -68,8 +88,8 @@ def check_context_parallel(model: ModelSpec, parallel: ParallelConfig, seq_len: 
 
     Raises:
         SimtrainError: ``2 x cp`` not dividing the sequence length (causal load balancing), CP
-            with expert parallelism, or Ulysses with ``tp x cp`` not dividing the attention or KV
-            heads.
+            with expert parallelism, Ulysses with ``tp x cp`` not dividing the attention or KV
+            heads, or Ulysses with ``cp_impl: torch``.
     """
     cp = parallel.cp
     if cp == 1:
@@ -81,6 +101,9 @@ def check_context_parallel(model: ModelSpec, parallel: ParallelConfig, seq_len: 
     if parallel.ep > 1:
         raise SimtrainError(f"{name('cp', cp)} with {name('ep', parallel.ep)}: context parallelism with expert "
                             "parallelism is not modelled; use --cp 1 or --ep 1")
+    if parallel.cp_kind == "ulysses" and parallel.cp_impl == "torch":
+        raise SimtrainError(f"{name('cp_impl', 'torch')} with {name('cp_kind', 'ulysses')}: torch's context_parallel "
+                            "rotates K and V (allgather or alltoall); use --cp-kind allgather or ring, or cp_impl te")
     if parallel.cp_kind == "ulysses":
         for heads, what in ((model.num_heads, "attention heads"), (model.kv_heads, "KV heads")):
             if heads % (parallel.tp * cp):
@@ -105,6 +128,8 @@ def cp_declaration(model: ModelSpec, parallel: ParallelConfig, tokens: int, laye
     cp, tp, elem = parallel.cp, parallel.tp, parallel.dtype_bytes
     if cp == 1 or layers == 0:
         return CPDeclaration()
+    if parallel.cp_impl == "torch":
+        return _torch_declaration(model, parallel, tokens, layers, attn_forward_s, attn_backward_s)
     d_q, d_v = model.q_head_dim, model.v_head_dim
     kv = tokens * model.kv_heads * (d_q + d_v) / tp * elem  # this rank's K and V
     kind = parallel.cp_kind
@@ -121,7 +146,30 @@ def cp_declaration(model: ModelSpec, parallel: ParallelConfig, tokens: int, laye
         q_o = tokens * model.num_heads * (d_q + d_v) / tp * elem
         fwd = (Collective("all-to-all", "cp", kv + q_o, repeat=layers),)
         decl = CPDeclaration(fwd, fwd)
-    if parallel.recompute == "full":
-        decl = CPDeclaration(decl.forward, decl.forward + decl.backward, decl.hide_forward_s,
-                             decl.hide_forward_s + decl.hide_backward_s)
-    return decl
+    return _full_recompute(decl, parallel)
+
+
+def _full_recompute(decl: CPDeclaration, parallel: ParallelConfig) -> CPDeclaration:
+    """``decl`` with full recomputation: the backward reruns the forward's collectives first."""
+    if parallel.recompute != "full":
+        return decl
+    return CPDeclaration(decl.forward, decl.forward + decl.backward, decl.hide_forward_s,
+                         decl.hide_forward_s + decl.hide_backward_s)
+
+
+def _torch_declaration(model: ModelSpec, parallel: ParallelConfig, tokens: int, layers: int,
+                       attn_forward_s: float, attn_backward_s: float) -> CPDeclaration:
+    """torch ``context_parallel``'s collectives of a chunk (``cp_impl: torch``, module docstring):
+    the all-gather (or ring) of every head's K and V in the compute dtype, in I also the ``cp``
+    fp32 dK/dV messages; arguments as :func:`cp_declaration`'s."""
+    cp = parallel.cp
+    kv_elems = tokens * model.num_heads / parallel.tp * (model.q_head_dim + model.v_head_dim)
+    gather = Collective("all-gather", "cp", kv_elems * parallel.dtype_bytes * cp, repeat=layers)
+    dkv = Collective("all-gather", "cp", 4 * kv_elems * cp / (cp - 1), repeat=layers * cp)
+    if parallel.cp_kind == "ring":  # each call hides the next block's message
+        hide_f = attn_forward_s * (cp - 1) / cp
+    else:
+        hide_f = attn_forward_s / cp
+    decl = CPDeclaration((gather,), (gather, dkv), hide_f, attn_backward_s * (cp - 1) / cp)
+    return _full_recompute(decl, parallel)
+

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .cp_merge import CP_MERGE
 from .expert_epilogue import EXPERT_BIAS, EXPERT_CLAMP
 from .fp8 import FP8_CAST
 from .unfused import BIAS_ADD, ROTARY
@@ -76,7 +77,7 @@ def _launch(ops: list, ctx) -> OpCost:
     return OpCost("launch", (0.0,) * 3, (0.0,) * 3, secs, "host", kernels)
 
 
-OWN_KERNELS = (FP8_CAST, EXPERT_CLAMP, EXPERT_BIAS, ROTARY, BIAS_ADD, "expert_up", "expert_down")
+OWN_KERNELS = (FP8_CAST, EXPERT_CLAMP, EXPERT_BIAS, ROTARY, BIAS_ADD, CP_MERGE, "expert_up", "expert_down")
 """Operators whose :class:`~simtrain.costs.ops.OpCost` carries its own kernel count (it depends on
 the shape or the code path: quantized tensors, local experts, fused or not;
 :mod:`simtrain.costs.unfused`), kept as built instead of :data:`KERNELS`."""

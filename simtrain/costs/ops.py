@@ -49,6 +49,7 @@ from ..moe import check_expert_parallel
 from ..parallel import ParallelConfig, flag_name
 from ..schedules.ir import ScheduleWarning
 from .context import cp_declaration
+from .cp_merge import cp_merge_op
 from .eager import eager_factors  # noqa: F401 (re-exported)
 from .fp8 import fp8_cast
 from .attention_rates import BACKWARD_FLOPS_PER_FORWARD
@@ -209,7 +210,7 @@ def _layer_ops(ctx: _Ctx, layer: int) -> list[OpCost]:
         ops += projection_ops(ctx, name, layer, ctx.tokens * mult, k_, n_)  # fused or separate layers
         if name not in (ATTENTION_FFN if m.is_moe_layer(layer) else ("router",)):
             fp8.append((ctx.tokens * mult, k_, n_, 1))
-    ops += _attention(ctx) + ([fp8_cast(ctx, fp8)] if ctx.gemm_dtype == "fp8" else [])
+    ops += _attention(ctx) + cp_merge_op(ctx) + ([fp8_cast(ctx, fp8)] if ctx.gemm_dtype == "fp8" else [])
     rows = ctx.row_tokens
     lat = ctx.tokens * (m.mla.q_lora_rank + m.mla.kv_lora_rank) / tp if m.mla else 0.0  # MLA: q_norm, kv_norm
     ops.append(_memory("norm", 2 * 2 * e * h * rows + 2 * e * lat, 2 * 3 * e * h * rows + 3 * e * lat, ctx))

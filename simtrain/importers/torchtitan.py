@@ -187,6 +187,8 @@ def read_torchtitan_toml(path: Path, given: dict | None = None) -> ImportedJob:
                     cp=j.int("parallelism", "context_parallel_degree", 1),
                     cp_kind=j.choice("parallelism", "context_parallel_rotate_method", "allgather", _ROTATE),
                     fused_projections=False)  # separate wq, wk, wv; w1, w3 (simtrain.costs.projections)
+    if parallel["cp"] > 1:
+        parallel["cp_impl"] = "torch"  # torch's context_parallel: fp32 merges, every head's K/V (simtrain.costs.cp_merge)
     if shard != 1:
         parallel["grad_reduce_dtype"] = j.choice("training", "mixed_precision_reduce", "float32", _PRECISION)
         parallel["zero_impl"] = "fsdp2"  # torchtitan shards with fully_shard: per-parameter copy-out

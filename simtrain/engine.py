@@ -161,20 +161,21 @@ class DeadlockError(SimtrainError):
 class _Run:
     """One simulation of a task graph: each task a small state machine on a :class:`Clock`.
 
-    A task waits for its dependencies (the step ``STEP_TAKE`` due when the last dependency's end
-    has been processed), takes its resources (``STEP_START`` due when they are granted), runs
-    (one SimPy event after its duration, or on its processor pool) and ends (``STEP_ENDED``
-    releases the tasks waiting for it). These are the steps, in the same order, of the
+    A task waits for its dependencies (the step ``STEP_TAKE`` due when the last dependency's end,
+    or dispatch, has been processed), is dispatched (``STEP_TAKE`` releases the tasks that wait
+    for its dispatch, as the "end" of id ``len(tasks) + tid``), takes its resources
+    (``STEP_START`` due when they are granted), runs (one SimPy event after its duration, or on
+    its processor pool) and ends (``STEP_ENDED`` releases the tasks waiting for it). These are the steps, in the same order, of the
     one-process-per-stream SimPy formulation (``yield env.all_of(deps)``,
     ``yield ports.acquire(...)``, ``yield env.timeout(d)``, ``done.succeed()``) without its
     generators and condition events. :meth:`run` dispatches the steps itself and does, inline,
     what ``Environment.schedule`` and ``Environment.step`` do with a task's run event (push it on,
     and pop it off, the environment's heap keyed by (time, priority, event id), setting the
     environment's time; see :class:`simtrain.sharing.Clock`), so a task costs one SimPy event and
-    no Python call on the common path: the steps due now are drained before the next SimPy event (none
-    scheduled meanwhile is due now), and a step that makes another due at once, with nothing queued
-    before it, runs that one at once. Memory deltas are logged as task ids
-    in the order they apply and turned into rows after the run (:meth:`memory_rows`).
+    no Python call on the common path: the steps due now are drained before the next SimPy event
+    (none scheduled meanwhile is due now), and a step that makes another due at once, with
+    nothing queued before it, runs that one at once. Memory deltas are logged as task ids in the
+    order they apply and turned into rows after the run (:meth:`memory_rows`).
     """
 
     def __init__(self, graph: TaskGraph):
@@ -186,7 +187,7 @@ class _Run:
         self.deps, self.dispatched = dispatch_links(self.tasks)  # dispatch_after as ids n + tid
         # tasks waiting for its end (id n + tid: its dispatch): _NOBODY until the first one, None once processed
         self.waiters: list[list[int] | tuple | None] = [_NOBODY] * (2 * n if any(self.dispatched) else n)
-        self.pending = [0] * n  # dependencies whose end is not processed yet
+        self.pending = [0] * n  # dependencies whose end (or dispatch) is not processed yet
         self.next_in_stream = [-1] * n  # the next task of its stream, -1 for none
         self.ports = Ports(self.clock, {t.resources for t in self.tasks})
         self.pools = {name: spec(self.clock) if callable(spec) else SharedProcessors(self.clock, spec)

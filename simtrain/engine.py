@@ -11,6 +11,13 @@ The engine knows tasks, streams, resources and memory deltas, nothing about sche
   while it waits for another). Transfers that share a port therefore run one after the other: two
   equal transfers that start together on one port end at T and 2T, where fair bandwidth sharing
   would end both at 2T. The time a port is busy, and when the last transfer ends, are the same.
+* Dispatch order: a task may name tasks it is *dispatched after* (``dispatch_after``). A task is
+  dispatched at the instant its dependencies have ended, its stream has reached it and every task
+  it is dispatched after has been dispatched; it then starts, at once or when its resources are
+  granted. This is a GPU's hardware work queue, which hands its kernels to the device in the
+  host's launch order, each once its own dependencies are met, and goes on to the next while it
+  runs (:mod:`simtrain.lowering.queues`): a start-after-start edge, where ``deps`` are
+  start-after-end.
 * Memory deltas (bytes, per rank) are applied when a task starts or ends; the engine keeps a
   memory timeline per rank starting from each rank's static memory.
 * Shared processors: a task may name a *processor pool* of the graph (``TaskGraph.pools``, name ->
@@ -51,7 +58,8 @@ from heapq import heappop, heappush
 from simpy.events import NORMAL
 
 from .errors import SimtrainError
-from .sharing import STEP_BEGIN, STEP_ENDED, STEP_FINISH, STEP_START, STEP_TAKE, Clock, Due, Ports, SharedProcessors
+from .sharing import (STEP_BEGIN, STEP_ENDED, STEP_FINISH, STEP_START, STEP_TAKE, Clock, Due, Ports, SharedProcessors,
+                      dispatch_links)
 from .trace import Trace
 
 _NOBODY = ()
@@ -77,6 +85,8 @@ class Task:
         peer: the other rank of a point-to-point transfer, if any.
         mem_start, mem_end: ``(rank, delta_bytes)`` pairs applied at start and at end.
         pool: name of the shared processor pool its duration runs on, or None (its own).
+        dispatch_after: ids of tasks that must have been dispatched (see the module docstring)
+            before it can be; () for none.
     """
 
     tid: int
@@ -95,6 +105,7 @@ class Task:
     mem_start: list[tuple[int, float]] = field(default_factory=list)
     mem_end: list[tuple[int, float]] = field(default_factory=list)
     pool: str | None = None
+    dispatch_after: tuple[int, ...] = ()
 
 
 @dataclass
@@ -150,18 +161,21 @@ class DeadlockError(SimtrainError):
 class _Run:
     """One simulation of a task graph: each task a small state machine on a :class:`Clock`.
 
-    A task waits for its dependencies (the step ``STEP_TAKE`` due when the last dependency's end
-    has been processed), takes its resources (``STEP_START`` due when they are granted), runs
-    (one SimPy event after its duration, or on its processor pool) and ends (``STEP_ENDED``
-    releases the tasks waiting for it). These are the steps, in the same order, of the
+    A task waits for its dependencies (the step ``STEP_TAKE`` due when the last dependency's end,
+    or dispatch, has been processed), is dispatched (``STEP_TAKE`` releases the tasks that wait
+    for its dispatch, as the "end" of id ``len(tasks) + tid``), takes its resources
+    (``STEP_START`` due when they are granted), runs (one SimPy event after its duration, or on
+    its processor pool) and ends (``STEP_ENDED`` releases the tasks waiting for it). These are the steps, in the same order, of the
     one-process-per-stream SimPy formulation (``yield env.all_of(deps)``,
     ``yield ports.acquire(...)``, ``yield env.timeout(d)``, ``done.succeed()``) without its
     generators and condition events. :meth:`run` dispatches the steps itself and does, inline,
     what ``Environment.schedule`` and ``Environment.step`` do with a task's run event (push it on,
     and pop it off, the environment's heap keyed by (time, priority, event id), setting the
     environment's time; see :class:`simtrain.sharing.Clock`), so a task costs one SimPy event and
-    no Python call on the common path. Memory deltas are logged as task ids
-    in the order they apply and turned into rows after the run (:meth:`memory_rows`).
+    no Python call on the common path: the steps due now are drained before the next SimPy event
+    (none scheduled meanwhile is due now), and a step that makes another due at once, with
+    nothing queued before it, runs that one at once. Memory deltas are logged as task ids in the
+    order they apply and turned into rows after the run (:meth:`memory_rows`).
     """
 
     def __init__(self, graph: TaskGraph):
@@ -170,9 +184,10 @@ class _Run:
         self.fifo = self.clock.fifo
         self.tasks = graph.tasks
         n = len(self.tasks)
-        # tasks waiting for its end: _NOBODY until the first one, None once its end is processed
-        self.waiters: list[list[int] | tuple | None] = [_NOBODY] * n
-        self.pending = [0] * n  # dependencies whose end is not processed yet
+        self.deps, self.dispatched = dispatch_links(self.tasks)  # dispatch_after as ids n + tid
+        # tasks waiting for its end (id n + tid: its dispatch): _NOBODY until the first one, None once processed
+        self.waiters: list[list[int] | tuple | None] = [_NOBODY] * (2 * n if any(self.dispatched) else n)
+        self.pending = [0] * n  # dependencies whose end (or dispatch) is not processed yet
         self.next_in_stream = [-1] * n  # the next task of its stream, -1 for none
         self.ports = Ports(self.clock, {t.resources for t in self.tasks})
         self.pools = {name: spec(self.clock) if callable(spec) else SharedProcessors(self.clock, spec)
@@ -188,9 +203,9 @@ class _Run:
         :meth:`run`). Up to the first task without dependencies, nothing can have ended when
         they are taken, so each of those tasks waits for every one of its dependencies at once,
         here; the rest are queued."""
-        tasks, waiters, pending = self.tasks, self.waiters, self.pending
+        deps_of, waiters, pending = self.deps, self.waiters, self.pending
         for i, tid in enumerate(tids):
-            deps = tasks[tid].deps
+            deps = deps_of[tid]
             if not deps:
                 self.fifo.extend((STEP_BEGIN, t) for t in tids[i:])
                 return
@@ -203,12 +218,10 @@ class _Run:
                     dep_waiters.append(tid)
 
     def run(self) -> None:
-        """Run the steps :meth:`begin` queued until none is left: those due now are drained before the next
-        SimPy event (none scheduled meanwhile is due now); one that makes another due at once, with
-        nothing queued before, runs it at once."""
+        """Run the steps :meth:`begin` queued until none is left, in the order the class docstring gives."""
         clock, fifo, tasks, ports, pools = self.clock, self.fifo, self.tasks, self.ports, self.pools
         env, queue, eid, popleft, push, now = clock.env, clock.queue, clock.eid, fifo.popleft, fifo.append, 0.0
-        waiters, pending, nexts, nobody = self.waiters, self.pending, self.next_in_stream, _NOBODY
+        waiters, pending, nexts, nobody, deps_of, signals = self.waiters, self.pending, self.next_in_stream, _NOBODY, self.deps, self.dispatched
         start_s, end_s, ended, mem_log = self.start_s, self.end_s, self.order.append, self.mem_log.append
         busy, wait, release, queues, callbacks = ports.busy, ports.wait, ports.release, ports.queues, clock.callbacks
         BEGIN, TAKE, START, FINISH, ENDED, normal = STEP_BEGIN, STEP_TAKE, STEP_START, STEP_FINISH, STEP_ENDED, NORMAL
@@ -248,8 +261,8 @@ class _Run:
                         continue
                     push((ENDED, tid))
                     code, tid = BEGIN, following
-                if code == BEGIN:  # wait for those dependencies whose end is not processed yet (inline:
-                    deps = tasks[tid].deps  # one Python call less per task than a helper, ~4 % of the run)
+                if code == BEGIN:  # wait for those dependencies whose end (or dispatch) is not processed yet
+                    deps = deps_of[tid]  # (inline: one Python call less per task than a helper, ~4 % of the run)
                     if deps:
                         left = 0
                         for d in deps:
@@ -267,7 +280,9 @@ class _Run:
                             push((TAKE, tid))
                             break
                     code = TAKE
-                if code == TAKE:  # take the resources: at once if all are free, else queue
+                if code == TAKE:  # dispatched: release who waits for that; take the resources at once if free, else queue
+                    if signals[tid]:
+                        push((ENDED, len(tasks) + tid))  # (its dispatch, id n + tid)
                     resources = tasks[tid].resources
                     if resources:
                         if not busy.isdisjoint(resources):
@@ -428,7 +443,7 @@ def _blocking(tasks: list[Task], finished: list[bool], task: Task) -> list[Task]
     """Unfinished dependencies of ``task``, looking through stream-less tasks (transfers) to the
     stream tasks they wait for."""
     out: list[Task] = []
-    stack = [tasks[d] for d in task.deps if not finished[d]]
+    stack = [tasks[d] for d in (*task.deps, *task.dispatch_after) if not finished[d]]
     seen: set[int] = set()
     while stack:
         t = stack.pop(0)

@@ -263,8 +263,9 @@ class ParallelConfig(NumbersNotBooleans):
         hardware_queues: CUDA_DEVICE_MAX_CONNECTIONS, the hardware work queues a rank's streams
             share (CUDA C++ Programming Guide, "CUDA Environment Variables": 1 to 32, default 8).
             None: every stream on a queue of its own (simtrain's ranks use at most seven streams,
-            fewer than CUDA's default 8). With fewer queues than streams, streams sharing a queue
-            run one task at a time (:func:`simtrain.lowering.queues.add_hardware_queues`).
+            fewer than CUDA's default 8). With fewer queues than streams, the tasks of streams
+            sharing a queue start in the host's launch order, none before the task launched ahead
+            of it has had its dependencies met (:func:`simtrain.lowering.queues.add_hardware_queues`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

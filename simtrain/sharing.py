@@ -23,6 +23,32 @@ done (take its resources), it starts (its resources are granted), it finishes (i
 its end is processed (release the tasks waiting for it)."""
 
 
+def dispatch_links(tasks: list) -> tuple[list, list[bool]]:
+    """What the engine's dependency bookkeeping needs of each task (:class:`simtrain.engine.Task`,
+    ``tasks[i].tid == i``): its dependencies, with each task ``x`` of its ``dispatch_after`` as the
+    id ``len(tasks) + x`` (the engine processes task x's dispatch as the "end" of that id, so the
+    same waiter lists and counts serve both), and whether some task waits for its dispatch.
+
+    Returns:
+        ``(deps, signals)``: per task its ``deps`` (the task's own list where it has no
+        ``dispatch_after``) and a flag, True where it is in another task's ``dispatch_after``.
+
+    Raises:
+        ValueError: a ``dispatch_after`` id outside the graph or naming the task itself."""
+    n = len(tasks)
+    deps = [t.deps for t in tasks]
+    signals = [False] * n
+    for t in tasks:
+        after = t.dispatch_after
+        if after:
+            if any(not 0 <= x < n or x == t.tid for x in after):
+                raise ValueError(f"task {t.tid} ({t.name}): dispatch_after {after} must name other tasks of the graph")
+            deps[t.tid] = (*t.deps, *(n + x for x in after))
+            for x in after:
+                signals[x] = True
+    return deps, signals
+
+
 class Clock:
     """SimPy's clock with a first-in-first-out lane for zero-delay steps.
 

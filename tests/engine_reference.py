@@ -1,6 +1,6 @@
 """Test oracle: the engine as it was written before its callback form (simtrain 0.1, one SimPy
-generator process per stream and per stream-less task, ``yield env.all_of(deps)``, a port
-request event, ``yield env.timeout(duration)``, a done event per task). tests/test_engine_reference.py
+generator process per stream and per stream-less task, ``yield env.all_of(deps)``, a dispatch
+event, a port request event, ``yield env.timeout(duration)``, a done event per task). tests/test_engine_reference.py
 checks that :func:`simtrain.engine.simulate` gives exactly its rows and memory timeline.
 Kept only as an independent implementation to compare with; not used by simtrain.
 """
@@ -105,6 +105,7 @@ def simulate_reference(graph: TaskGraph):
     env = simpy.Environment()
     tasks = graph.tasks
     done = [env.event() for _ in tasks]
+    dispatched = [env.event() for _ in tasks]  # its dependencies met (what dispatch_after waits for)
     finished = [False] * len(tasks)
     ports = _Ports(env)
     pools = {name: _SharedProcessors(env, count) for name, count in graph.pools.items()}
@@ -118,8 +119,9 @@ def simulate_reference(graph: TaskGraph):
             mem_rows.append((rank, env.now, memory[rank]))
 
     def run(task: Task):
-        if task.deps:
-            yield env.all_of([done[d] for d in task.deps])
+        if task.deps or task.dispatch_after:
+            yield env.all_of([done[d] for d in task.deps] + [dispatched[d] for d in task.dispatch_after])
+        dispatched[task.tid].succeed()
         if task.resources:
             yield ports.acquire(task.resources)
         start = env.now

@@ -1,6 +1,7 @@
 """The callback engine gives exactly the trace and memory timeline of the generator-process
 engine it replaced (tests/engine_reference.py), on random graphs built to have ties: integer
-durations, zero durations, shared ports, streams, stream-less transfers and processor pools."""
+durations, zero durations, shared ports, streams, stream-less transfers, processor pools and
+dispatch-after edges (hardware queues)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def graphs(draw) -> TaskGraph:
             resources=tuple(draw(st.lists(st.sampled_from(["a", "b", "c"]), max_size=2, unique=True))),
             mem_start=[(rank, float(draw(st.integers(0, 5))))], mem_end=[(rank, -float(draw(st.integers(0, 5))))],
             pool="node" if pooled and draw(st.booleans()) else None,
+            dispatch_after=tuple(draw(st.lists(st.integers(0, tid - 1), max_size=2, unique=True))) if tid else (),
         )
     return graph
 

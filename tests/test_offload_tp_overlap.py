@@ -1,6 +1,7 @@
-"""Activation offload (PipeOffload, Wan et al., ICML 2025), TP-communication overlap (Megatron's
---tp-comm-overlap) and hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS): each against its
-formula, the lanes of the dashboard and the error lines of impossible values."""
+"""Activation offload (PipeOffload, Wan et al., ICML 2025) and TP-communication overlap (Megatron's
+--tp-comm-overlap), also under one hardware work queue (CUDA_DEVICE_MAX_CONNECTIONS, whose own
+tests are tests/test_hardware_queues.py): each against its formula, the lanes of the dashboard and
+the error lines of impossible values."""
 
 from __future__ import annotations
 
@@ -148,20 +149,6 @@ def test_the_gemm_window_is_the_linear_layers_share_of_the_compute():
     ops = parse_cost_choice("ops", (), None, "flash", H100).runtime(MODEL, par, H100)
     c = run_schedule("1f1b", MODEL, H100, par, runtime=ops).costs.chunks[1]
     assert c.gemm_s is not None and 0 < c.gemm_s[0] < c.forward_s and 0 < c.gemm_s[1] < c.backward_input_s
-
-
-def test_one_hardware_queue_serialises_a_ranks_streams():
-    """CUDA_DEVICE_MAX_CONNECTIONS = 1: no two stream tasks of a rank run at once, so the DP
-    reduction no longer overlaps the backward and the step is longer; 7 or more queues (one per
-    stream) change nothing."""
-    kw = dict(pp=2, tp=2, dp=4, microbatches=4, offload="activations")
-    free, one, seven = (_run(hardware_queues=q, **kw) for q in (None, 1, 7))
-    assert seven.result.trace.equals(free.result.trace)
-    trace = one.result.trace
-    for _, rows in trace[trace["stream"] != ""].groupby("rank"):
-        rows = rows.sort_values("start_s")
-        assert (rows["start_s"].to_numpy()[1:] >= rows["end_s"].to_numpy()[:-1] - 1e-12).all()
-    assert one.report.step_time_s > free.report.step_time_s
 
 
 def test_offload_has_its_own_lanes_and_colour():

@@ -29,8 +29,9 @@ compute-only schedule through ``_add_unshard_reshard`` and ``_add_send_recv``):
    all-gather;
 7. :func:`~simtrain.lowering.comms.add_runtime_overheads`: calibrated per-action and per-message
    overheads and shared processor pools; then
-   :func:`~simtrain.lowering.queues.add_hardware_queues` (``--hardware-queues`` only): streams
-   sharing a hardware work queue run one at a time (:mod:`simtrain.lowering.queues`).
+   :func:`~simtrain.lowering.queues.add_hardware_queues` (``--hardware-queues`` only): the tasks
+   of streams sharing a hardware work queue start in the host's launch order
+   (:mod:`simtrain.lowering.queues`).
 8. :func:`~simtrain.lowering.nccl_sms.add_nccl_sms`: compute that overlaps an NCCL collective on
    its rank runs on the SMs the collective's CTAs leave (:mod:`simtrain.lowering.nccl_sms`).
 
@@ -91,6 +92,7 @@ def _lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool
     reducing = gradient_actions(schedule) if zero_stage >= 2 else weight_grad_finishers(schedule)
     grad_buckets = {a for a in reducing if dp * len(holders[a.stage]) > 1} if reduce else set()
     emit_chains(low, grad_buckets)
+    low.chain_tasks = len(low.graph.tasks)
     add_lazy_gradients(low)
     blocking = topology.parallel.p2p_mode == "blocking" and low.training
     done = add_blocking_p2p(low) if blocking else add_p2p(low)

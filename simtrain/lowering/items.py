@@ -120,6 +120,8 @@ class Lowering:
         a2a_cache: (id of an all-to-all cost, rank, lane) -> that cost and its engine transfers.
         item_cache: (stage, kind, compute factor) -> the MoE items of its actions, labels after
             the action's name (:func:`simtrain.lowering.moe.item_template`).
+        chain_tasks: how many tasks the chains' emitter made (the graph's first ones; the host
+            launch order of :func:`simtrain.lowering.queues.issue_order` starts from them).
     """
 
     schedule: Schedule
@@ -138,6 +140,7 @@ class Lowering:
     tp_cache: dict[tuple, tuple[float, tuple[str, ...], float]] = field(default_factory=dict)
     a2a_cache: dict[tuple, tuple[A2ACost, list[Transfer]]] = field(default_factory=dict)
     item_cache: dict[tuple, list[Compute | Block]] = field(default_factory=dict)
+    chain_tasks: int = 0
 
     @property
     def training(self) -> bool:

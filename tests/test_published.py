@@ -347,3 +347,52 @@ def test_the_2021_megatron_and_mlperf_gpt3_rows_run_their_sources_layouts():
                 if name != "mlperf-v3.1-gpt3-175b-h100":
                     assert model.num_layers == p.pp * p.vp, fig.label  # one layer a chunk
     assert interleaved == 8
+
+
+MLPERF_LOG_CASES = ["mlperf-v3.0-gpt3-175b-h100", "mlperf-v4.0-gpt3-175b-h100", "mlperf-v4.1-gpt3-175b-h100",
+                    "mlperf-v4.1-gpt3-175b-h100-oci", "mlperf-v5.0-llama31-405b-h100", "mlperf-v5.1-llama31-405b-b200"]
+
+
+def test_the_mlperf_result_log_cases_run_their_submissions_layouts_and_fit_in_hbm():
+    """The MLPerf v3.0-v5.1 cases read from result logs: each label's nodes x the profile's GPUs per
+    node is its GPU count and TP x PP x CP x DP; each interleaved figure passes Megatron's checks
+    (microbatches divisible by PP; whole layers per chunk, or for Llama 3.1 405B's 126 layers the
+    account_for_embedding/loss split, 126 + 2 = 2 per chunk); and every simulated step fits in
+    HBM, since the runs ran."""
+    import re
+
+    from simtrain.published import _hardware_of, _model_of, _parallel_of
+
+    suite = {c.name: c for c in load_suite().cases}
+    for name in MLPERF_LOG_CASES:
+        case = suite[name]
+        per_node = _hardware_of(case.hardware).gpus_per_node
+        for fig in case.figures:
+            nodes, gpus = map(int, re.search(r"(\d+) nodes \((\d+) GPUs\)", fig.label).groups())
+            p, model = _parallel_of(case, fig, fig.label), _model_of(case, fig, fig.label)
+            assert nodes * per_node == gpus == p.tp * p.pp * p.cp * p.dp, fig.label
+            assert case.schedule == "interleaved-1f1b" and p.microbatches % p.pp == 0, fig.label
+            layers = model.num_layers + (2 if model.num_layers == 126 else 0)
+            assert layers % (p.pp * p.vp) == 0, fig.label
+    rows = run_suite(published_runtime, cases=MLPERF_LOG_CASES)
+    assert len(rows) == 17 and all(r.fits_in_hbm for r in rows)
+
+
+def test_rank_order_moves_a_tp4_mlperf_row_but_not_a_tp8_one(tmp_path):
+    """NeMo's order (PP outermost, ``tp-dp-pp``) against simtrain's default ``tp-pp-dp``: with TP 4 on
+    8-GPU nodes the order decides which GPUs share a node, so the GPT-3 step moves; with TP 8 a
+    stage's TP group is a whole node either way, so the Llama 3.1 405B step is the same."""
+    data = yaml.safe_load(suite_path().read_text())
+    gpt3, llama = "mlperf-v4.1-gpt3-175b-h100", "mlperf-v5.0-llama31-405b-h100"
+    cases = [c for c in data["cases"] if c["name"] in (gpt3, llama)]
+    for c in cases:
+        c["figures"] = c["figures"][:1]
+    steps = {}
+    for order in ("tp-dp-pp", "tp-pp-dp"):
+        for c in cases:
+            c["settings"]["rank_order"] = order
+        path = tmp_path / f"{order}.yaml"
+        path.write_text(yaml.safe_dump({"cases": cases}))
+        steps[order] = {r.case: r.predicted for r in run_suite(published_runtime, path=path)}
+    assert abs(steps["tp-dp-pp"][gpt3] / steps["tp-pp-dp"][gpt3] - 1) > 0.01
+    assert steps["tp-dp-pp"][llama] == pytest.approx(steps["tp-pp-dp"][llama], rel=1e-9)

@@ -29,7 +29,7 @@ from .checks import (MAX_OP_TIME_S, MAX_TASKS, check_applicable, check_max_tasks
                      check_simplified, check_structure, op_times_ok)
 from .cost_models import check_kernels, hfu, parse_cost_choice, recompute_modules
 from .costs.stage import check_settings
-from .schedules.ir import ScheduleWarning
+from .schedules.ir import ScheduleWarning, settings_named
 from .export import check_output_path, with_lanes
 from .scenario import ScheduleRun, run_schedule
 
@@ -262,7 +262,7 @@ def compare(
     check_max_tasks(max_tasks)
     fp8 = options.pop("fp8", None)
     with _warnings_at_caller():
-        modules = recompute_modules(options.get("recompute"), "recompute")  # a module list, as compare --recompute
+        modules = recompute_modules(options.get("recompute"), argument_name)  # a module list, as compare --recompute
         if modules:
             options["recompute"] = "none"
         spec, hw, config = _inputs(model, hardware, dict(
@@ -279,12 +279,13 @@ def compare(
                           "--kernels": "compiled-blocks" if options.get("kernels") == "compiled-blocks" else None,
                           "--tp-overlap": options.get("tp_overlap") or None,
                           "--tp-overlap-fraction": options.get("tp_overlap_fraction")}, argument_name)
-        choice = dataclasses.replace(parse_cost_choice(cost_model, modules, fp8, hw.attention_kernel(config.attention), hw),
-                                     name=argument_name)
+        choice = parse_cost_choice(cost_model, modules, fp8, hw.attention_kernel(config.attention), hw, argument_name)
         check_kernels(choice, config)
-        check_dtype(hw, config, choice.model == "ops", "dtype" if "dtype" in options else None)
+        check_dtype(hw, config, choice.model == "ops", "dtype" not in options, argument_name)
         runtime = choice.runtime(spec, config, hw)
-        runs = [run_schedule(name, spec, hw, config, op_times=op_times, comm=comm, runtime=runtime) for name in schedules]
+        with settings_named(argument_name):  # a schedule's refusal of pp, microbatches, vp: as arguments
+            runs = [run_schedule(s, spec, hw, config, op_times=op_times, comm=comm, runtime=runtime, name=argument_name)
+                    for s in schedules]
         runs = [dataclasses.replace(r, report=dataclasses.replace(r.report, hfu=hfu(r, spec, config, hw, choice)))
                 for r in runs]
         for r in runs:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from .errors import SimtrainError
 from .hardware import HardwareProfile
 from .models import ModelSpec
-from .parallel import ParallelConfig, flag_name
+from .parallel import ParallelConfig, flag_name, subject
 from .schedules import REGISTRY, ScheduleWarning, split_name
 
 MAX_TASKS = 2_000_000
@@ -271,12 +271,14 @@ def _vp_schedules() -> str:
     return ", ".join(n for n, info in REGISTRY.items() if info.uses_vp)
 
 
-def _not_applicable(flag: str, given: bool, why: str) -> None:
-    """An error for a flag the user typed; a warning for the same setting in a scenario file."""
-    if given:
-        raise SimtrainError(f"{flag}: {why}")
-    warnings.warn(f"scenario field '{flag.lstrip('-').replace('-', '_')}' is ignored: {why}", ScheduleWarning,
-                  stacklevel=2)
+def _not_applicable(field: str, parallel: ParallelConfig, given: set[str], why: str,
+                    name: Callable[[str, object], str]) -> None:
+    """An error for a setting the user gave (a flag, an API argument); a warning for the same
+    setting in a scenario file. ``name`` words it (:func:`check_applicable`)."""
+    said = name(field, getattr(parallel, field))
+    if field in given:
+        raise SimtrainError(f"{said}: {why}")
+    warnings.warn(f"{said} is ignored: {why}", ScheduleWarning, stacklevel=2)
 
 
 def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfile, parallel: ParallelConfig,
@@ -301,22 +303,23 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
     if parallel.vp > 1 and (names or imported) and not any(REGISTRY[b].uses_vp for b, _ in bases):
         what = f"none of {', '.join(names)} has virtual stages" if names else \
             "the schedule file places its stages itself"
-        _not_applicable("--vp", "vp" in given, f"{what}; --vp applies to {_vp_schedules()}")
+        _not_applicable("vp", parallel, given, f"{what}; virtual stages apply to {_vp_schedules()}", name)
     if parallel.waves is not None and names and not any("waved-ep" in v for _, v in bases):
-        _not_applicable("--waves", "waves" in given, f"none of {', '.join(names)} uses Waved-EP; "
-                        "add '+waved-ep' to a schedule name, e.g. 1f1b+waved-ep")
+        _not_applicable("waves", parallel, given, f"none of {', '.join(names)} uses Waved-EP; "
+                        "add '+waved-ep' to a schedule name, e.g. 1f1b+waved-ep", name)
     moe = model.moe is not None and parallel.ep > 1
     defaults = ParallelConfig()
     for field in ("node_limit", "expert_imbalance", "dispatch_dtype", "a2a_links", "moe_coarsen", "ep_kernel"):
         if not moe and getattr(parallel, field) != getattr(defaults, field):
-            why = (f"{model.name} has no experts" if model.moe is None else "it needs expert parallelism (--ep > 1)")
-            _not_applicable(f"--{field.replace('_', '-')}", field in given, f"applies to MoE all-to-all only, and {why}")
-    _check_settings_apply(names, parallel, given)
+            why = (f"{model.name} has no experts" if model.moe is None else
+                   f"it needs expert parallelism (ep > 1; {name('ep', parallel.ep)})")
+            _not_applicable(field, parallel, given, f"applies to MoE all-to-all only, and {why}", name)
+    _check_settings_apply(names, parallel, given, name)
     for field, off, why in (("expert_gemm", model.moe is None, "no experts, so no expert GEMMs"),
                             ("rope_fusion", model.learned_positions, "learned positions, so no rotary"),
                             ("bias_dropout_fusion", not model.bias, "no linear biases, so no bias add")):
         if off and getattr(parallel, field) != getattr(defaults, field):
-            _not_applicable(f"--{field.replace('_', '-')}", field in given, f"{model.name} has {why} to price")
+            _not_applicable(field, parallel, given, f"{model.name} has {why} to price", name)
     for sched in [n for n, _ in bases if n in EP_PAIRED] if not moe else []:
         _warn(f"{sched}: Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm) needs expert "
               f"parallelism, and {model.name} " + ("has no experts" if model.moe is None else f"runs with {name('ep', parallel.ep)}")
@@ -339,24 +342,28 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
               "tp, so their FLOPs and memory are underestimated")
 
 
-def _check_settings_apply(names: list[str], parallel: ParallelConfig, given: set[str]) -> None:
+def _check_settings_apply(names: list[str], parallel: ParallelConfig, given: set[str],
+                          name: Callable[[str, object], str]) -> None:
     """The settings of TP overlap, offload, split-backward buffers and the DP reduction that
     would change nothing: an error when typed, a warning in a scenario file (:func:`_not_applicable`)."""
     if parallel.tp_overlap and parallel.tp == 1:
-        _not_applicable("--tp-overlap", "tp_overlap" in given, "there are no TP collectives to hide with --tp 1")
+        _not_applicable("tp_overlap", parallel, given,
+                        f"there are no TP collectives to hide with {name('tp', parallel.tp)}", name)
     if parallel.offload_fraction > 0 and parallel.forward_only:
-        _not_applicable("--offload", "offload" in given, "a forward-only step keeps no activations for a backward")
+        _not_applicable("offload", parallel, given, "a forward-only step keeps no activations for a backward", name)
     if parallel.w_pending != "gemm-io" and names and not any(split_name(n)[0] in _SPLIT_BACKWARD for n in names):
-        _not_applicable("--w-pending", "w_pending" in given, f"none of {', '.join(names)} splits the backward "
-                        "into I and W, so nothing waits for a W")
+        _not_applicable("w_pending", parallel, given, f"none of {', '.join(names)} splits the backward "
+                        "into I and W, so nothing waits for a W", name)
     if parallel.grad_reduce_op is not None and parallel.dp == 1:
-        _not_applicable("--grad-reduce-op", "grad_reduce_op" in given, "there is no DP gradient reduction with --dp 1")
+        _not_applicable("grad_reduce_op", parallel, given,
+                        f"there is no DP gradient reduction with {name('dp', parallel.dp)}", name)
     if parallel.cp_impl == "torch" and parallel.cp == 1:
-        _not_applicable("--cp-impl", "cp_impl" in given, "torch prices torch's context-parallel merges and rotations, "
-                        "and cp 1 runs no context parallelism")
+        _not_applicable("cp_impl", parallel, given, "torch prices torch's context-parallel merges and rotations, "
+                        f"and {name('cp', parallel.cp)} runs no context parallelism", name)
     if parallel.zero_impl == "fsdp2" and parallel.zero_stage < 2:
-        _not_applicable("--zero-impl", "zero_impl" in given, f"fsdp2 prices FSDP2's copy-out of gathered parameters, and "
-                        f"zero_stage {parallel.zero_stage} keeps every parameter whole (FSDP2 shards gradients too: ZeRO-2 or 3)")
+        _not_applicable("zero_impl", parallel, given, f"fsdp2 prices FSDP2's copy-out of gathered parameters, and "
+                        f"{name('zero_stage', parallel.zero_stage)} keeps every parameter whole (FSDP2 shards gradients "
+                        "too: ZeRO-2 or 3)", name)
     elif parallel.zero_impl == "fsdp2" and parallel.zero_stage == 2:
         _warn("zero_impl fsdp2 with zero_stage 2 (FSDP2 with reshard_after_forward False): the parameters stay "
               "gathered from a step's first forward to its last backward, so FSDP2 copies them out of the all-gather "
@@ -399,7 +406,8 @@ def check_simplified(fixed_times: str | None, free_comm: str | None, typed: dict
                                     f"compute, and {free_comm} makes every collective free; drop one of them")
 
 
-def check_dtype(hardware: HardwareProfile, parallel: ParallelConfig, ops: bool, where: str | None) -> None:
+def check_dtype(hardware: HardwareProfile, parallel: ParallelConfig, ops: bool, default: bool,
+                name: Callable[[str, object], str] = flag_name) -> None:
     """Refuse a compute dtype the hardware cannot price, before anything runs: one the profile
     lists no peak rate for, or (where the per-operator model's kernel tables are read: ``ops``,
     or a profile with tables) one without a GEMM table.
@@ -407,10 +415,12 @@ def check_dtype(hardware: HardwareProfile, parallel: ParallelConfig, ops: bool, 
     Args:
         hardware, parallel: where it runs, and how.
         ops: the per-operator cost model runs.
-        where: the flag or the file's field that set the dtype; None: the default (``bf16``).
+        default: the dtype is the default (``bf16``), given nowhere.
+        name: how the message names the setting, from its field and value (the flag ``--dtype
+            fp16``, a scenario file's field, an API argument: :func:`check_applicable`'s ``name``).
 
     Raises:
-        SimtrainError: naming ``where`` (or the default and ``--dtype``), the value and the
+        SimtrainError: naming the setting (or the default, and how to set it), the value and the
             dtypes allowed on ``hardware``.
     """
     from .costs.kernels import has_kernel_tables, rates_for
@@ -421,10 +431,11 @@ def check_dtype(hardware: HardwareProfile, parallel: ParallelConfig, ops: bool, 
     if parallel.dtype in allowed:
         return
     choices = ", ".join(sorted(allowed))
-    if where is None:
-        raise SimtrainError(f"{hardware.name} has no {parallel.dtype} rate, the default compute dtype; give --dtype "
-                            f"with one of {choices}" + (" (e.g. --dtype fp16)" if "fp16" in allowed else ""))
-    raise SimtrainError(f"{where} = {parallel.dtype!r}: {hardware.name} can be priced in {choices}")
+    if default:
+        example = min(allowed, key=lambda d: (d != "fp16", d)) if allowed else None
+        raise SimtrainError(f"{hardware.name} has no {parallel.dtype} rate, the default compute dtype; set the dtype "
+                            f"to one of {choices}" + (f" (e.g. {name('dtype', example)})" if example else ""))
+    raise SimtrainError(f"{subject(name, 'dtype', parallel.dtype)}: {hardware.name} can be priced in {choices}")
 
 
 def warn_unbound_node_limit(node_limit: int | None, ep: int, gpus_per_node: int, said: str) -> None:

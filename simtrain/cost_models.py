@@ -28,7 +28,7 @@ from .costs.kernels import flat_only_fields, has_kernel_tables
 from .errors import SimtrainError
 from .hardware import PROFILE_DIR, HardwareProfile
 from .models import ModelSpec
-from .parallel import ParallelConfig, flag_name
+from .parallel import ParallelConfig, flag_name, subject
 from .scenario import ScheduleRun
 from .schedules.ir import ScheduleWarning
 
@@ -70,7 +70,7 @@ class CostChoice:
                                      host_bound, self.name)
 
 
-def recompute_modules(recompute: str | None, where: str = "--recompute") -> str | None:
+def recompute_modules(recompute: str | None, name: Callable[[str, object], str] = flag_name) -> str | None:
     """The ``--recompute`` value if it is a module list (validated), None for a level
     (none/selective/full, left to :class:`simtrain.parallel.ParallelConfig`) or no flag. Every
     entry point that takes a module list parses it here: compare's flag, the API, a scenario
@@ -78,7 +78,8 @@ def recompute_modules(recompute: str | None, where: str = "--recompute") -> str 
 
     Args:
         recompute: the value given.
-        where: how a message names it (``--recompute``, or a file's ``s.yaml: field 'parallel.recompute'``).
+        name: how a message names the setting, from its field and value (the flag, a file's
+            ``s.yaml: field 'parallel.recompute'``, an API argument: :func:`simtrain.api.argument_name`).
 
     Raises:
         SimtrainError: an unknown module name (one line listing the allowed ones).
@@ -86,14 +87,14 @@ def recompute_modules(recompute: str | None, where: str = "--recompute") -> str 
     if recompute is None or recompute in RECOMPUTE_LEVELS:
         return None
     if not isinstance(recompute, str):
-        raise SimtrainError(f"{where} = {recompute!r}: expected none, selective, full or a comma-separated "
+        raise SimtrainError(f"{subject(name, 'recompute', recompute)}: expected none, selective, full or a comma-separated "
                             "string of module names (e.g. 'norm,mla_up')")
-    costs_ops.parse_recompute(recompute, where)
+    costs_ops.parse_recompute(recompute, name)
     return recompute
 
 
 def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, attention: str,
-                      hardware: HardwareProfile) -> CostChoice:
+                      hardware: HardwareProfile, name: Callable[[str, object], str] = flag_name) -> CostChoice:
     """Validate ``--cost-model``, ``--fp8`` and ``--attention`` and resolve ``auto`` for ``hardware``.
 
     Args:
@@ -103,20 +104,22 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
         attention: ``flash`` or ``unfused``.
         hardware: the profile (``auto`` takes ``ops`` when it has kernel tables, for dense and
             MoE models alike: MoE layers are priced by :mod:`simtrain.costs.moe_ops`).
+        name: how a message names a setting, from its field and value (the flag, a scenario
+            file's field, an API argument); kept as the choice's ``name``.
 
     Returns:
         The :class:`CostChoice`, its ``model`` ``flat`` or ``ops``.
 
     Raises:
         SimtrainError: an unknown value, or a per-operator setting that resolves to the flat
-            model (one line naming the flag).
+            model (one line naming the setting as ``name`` words it).
     """
     if cost_model not in COST_MODELS:
-        raise SimtrainError(f"--cost-model = {cost_model!r}: choose auto, flat or ops")
+        raise SimtrainError(f"{subject(name, 'cost_model', cost_model)}: choose auto, flat or ops")
     if attention not in ("flash", "unfused"):
-        raise SimtrainError(f"--attention = {attention!r}: choose flash or unfused")
+        raise SimtrainError(f"{subject(name, 'attention', attention)}: choose flash or unfused")
     if fp8 is not None and fp8 != "gemms":
-        raise SimtrainError(f"--fp8 = {fp8!r}: the only choice is gemms (FP8 GEMMs, attention in the compute dtype)")
+        raise SimtrainError(f"{subject(name, 'fp8', fp8)}: the only choice is gemms (FP8 GEMMs, attention in the compute dtype)")
     chosen = cost_model if cost_model != "auto" else ("ops" if has_kernel_tables(hardware) else "flat")
     user_file = hardware.path is not None and hardware.path.resolve().parent != PROFILE_DIR.resolve()
     if cost_model == "auto" and chosen == "flat" and user_file and hardware.calibration is None \
@@ -126,12 +129,14 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
                       f"peak_tflops of bf16/fp16/fp32/fp8) are no shipped profile's, so the per-operator kernel tables "
                       f"do not apply; calibrate it (simtrain calibrate), or keep a shipped profile's figures to price "
                       f"it by operator", ScheduleWarning, stacklevel=2)
-    for flag, given in (("--recompute MODULE,...", modules), ("--fp8", fp8)):
+    for field, given in (("recompute", modules), ("fp8", fp8)):
         if given is not None and chosen == "flat":
-            why = "--cost-model flat was chosen" if cost_model == "flat" else f"{hardware.name} has no kernel tables (a calibrated profile, or an edited copy of a shipped one, keeps its own numbers)"
-            raise SimtrainError(f"{flag} = {given!r}: needs the per-operator cost model (--cost-model ops), "
-                                f"and {why}")
-    return CostChoice(chosen, modules, fp8, attention)
+            why = (f"{name('cost_model', 'flat')} was chosen" if cost_model == "flat" else
+                   f"{hardware.name} has no kernel tables (a calibrated profile, or an edited copy of a shipped one, "
+                   "keeps its own numbers)")
+            raise SimtrainError(f"{subject(name, field, given)}: needs the per-operator cost model "
+                                f"({name('cost_model', 'ops')}), and {why}")
+    return CostChoice(chosen, modules, fp8, attention, name)
 
 
 def check_kernels(choice: CostChoice, parallel) -> None:
@@ -142,13 +147,13 @@ def check_kernels(choice: CostChoice, parallel) -> None:
     Raises:
         SimtrainError: one line naming the setting (``choice.name``: the flag, or the file's field).
     """
+    ops = f"({choice.name('cost_model', 'ops')}, on a profile with kernel tables)"
     if parallel.kernels != "fused" and choice.model != "ops":
         raise SimtrainError(f"{choice.name('kernels', parallel.kernels)}: prices the per-operator model's memory-bound operators, "
-                            "and the flat cost model runs here (--cost-model ops, on a profile with kernel tables)")
+                            f"and the flat cost model runs here {ops}")
     if parallel.attention_kernel is not None and choice.model != "ops":
         raise SimtrainError(f"{choice.name('attention_kernel', parallel.attention_kernel)}: prices attention from the per-operator "
-                            "model's measured kernel tables, and the flat cost model runs here (--cost-model ops, on a "
-                            "profile with kernel tables)")
+                            f"model's measured kernel tables, and the flat cost model runs here {ops}")
 
 
 def stage_breakdown(run: ScheduleRun, runtime, stage: int) -> dict:

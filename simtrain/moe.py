@@ -174,7 +174,7 @@ def check_expert_parallel(model: ModelSpec, parallel: ParallelConfig, hardware: 
         return
     if model.moe is None:
         raise SimtrainError(
-            f"{name('ep', ep)}: model '{model.name}' is dense (no experts to shard); use --ep 1"
+            f"{name('ep', ep)}: model '{model.name}' is dense (no experts to shard); use {name('ep', 1)}"
         )
     if (parallel.dp * parallel.tp) % ep:
         raise SimtrainError(
@@ -215,7 +215,7 @@ def resolve_waves(model: ModelSpec, parallel: ParallelConfig, name: Callable[[st
     """
     if parallel.ep == 1 or model.moe is None:
         raise SimtrainError(
-            "+waved-ep: needs an MoE model with expert parallelism (--ep > 1); "
+            "+waved-ep: needs an MoE model with expert parallelism (ep > 1); "
             f"got model '{model.name}' with {name('ep', parallel.ep)}"
         )
     local = model.moe.num_experts // parallel.ep
@@ -224,7 +224,7 @@ def resolve_waves(model: ModelSpec, parallel: ParallelConfig, name: Callable[[st
     if parallel.waves > local:
         raise SimtrainError(
             f"{name('waves', parallel.waves)}: waves partition each rank's {local} local experts "
-            f"({model.moe.num_experts} experts / ep {parallel.ep}); use --waves <= {local}"
+            f"({model.moe.num_experts} experts / ep {parallel.ep}); use {name('waves', local)} or fewer"
         )
     return parallel.waves
 

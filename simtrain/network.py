@@ -23,6 +23,7 @@ all-to-all splits over NVLink and the NICs. Nothing else in simtrain prices comm
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -33,7 +34,28 @@ from .collectives import estimate_group
 from .deepep import FORWARD_CEILING_BYTES_PER_S
 from .errors import SimtrainError
 from .hardware import HardwareProfile, Link
-from .parallel import GroupDim, ParallelConfig
+from .parallel import GroupDim, ParallelConfig, flag_name
+
+
+def check_host_link(parallel: ParallelConfig, hardware: HardwareProfile,
+                    name: Callable[[str, object], str] = flag_name) -> None:
+    """Refuse activation offload (``parallel.offload``, in a training step) on a profile without a ``pcie`` figure, the
+    GPU-to-host link its copies are priced on (:meth:`Topology.host_route`).
+
+    Args:
+        parallel, hardware: the settings and the profile.
+        name: how the message names the setting, from its field and value (default: the flag,
+            ``--offload activations``; :func:`simtrain.costs.stage.check_settings` passes the entry
+            point's: a scenario file's field, an API argument).
+
+    Raises:
+        SimtrainError: offload is on and the profile has no ``pcie`` field.
+    """
+    if parallel.offload_fraction > 0 and not parallel.forward_only and hardware.host_link is None:
+        raise SimtrainError(
+            f"{name('offload', parallel.offload)}: hardware profile {hardware.name} has no field 'pcie' "
+            "(the GPU-to-host link); add pcie: {name, bandwidth_gb_per_s} (per direction, from the datasheet) to "
+            f"the profile, or use {name('offload', 'none')}")
 
 CollectiveOp = Literal["all-reduce", "reduce-scatter", "all-gather", "all-to-all", "p2p", "d2h", "h2d"]
 """The communication operations simtrain prices (nccl-tests names; ``d2h`` / ``h2d``: a copy from
@@ -174,7 +196,7 @@ class Topology:
         if link is None:
             raise SimtrainError(f"hardware profile {self.hardware.name}: field 'pcie' is missing, so activation "
                                 "offload cannot be priced; add pcie: {name, bandwidth_gb_per_s} (per direction, "
-                                "from the datasheet) or drop --offload")
+                                "from the datasheet)")
         return Route(link, link.bandwidth_bytes_per_s, (f"pcie:{pp_rank}:{'out' if op == 'd2h' else 'in'}",))
 
     def gradient_route(self, pp_rank: int, holders: tuple[int, ...]) -> Route:

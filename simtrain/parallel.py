@@ -19,6 +19,7 @@ carved out of the data-parallel ranks) fills whole nodes, as in DeepSeek-V3's EP
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,6 +72,29 @@ def flag_name(field: str, value: object) -> str:
     return f"--{field.replace('_', '-')} {value}"
 
 
+def subject(name: Callable[[str, object], str], field: str, value: object) -> str:
+    """A refused setting as the subject of its message, worded by ``name`` (:func:`flag_name`, a
+    file's :func:`file_field_name`, the API's :func:`simtrain.api.argument_name`); a flag reads
+    ``--cost-model = 'fast'``, the command line's form for a value it refuses."""
+    said = name(field, value)
+    return f"--{field.replace('_', '-')} = {value!r}" if said == flag_name(field, value) else said
+
+
+def file_field_label(source: str, field: str, names: dict[str, str] | None = None) -> str:
+    """How an error names a setting read from a file, without its value: ``s.yaml: field
+    'parallel.ep'``; ``names`` maps a field to the file's own name of it (an imported Megatron
+    job's ``--expert-model-parallel-size``)."""
+    own = (names or {}).get(field, f"field 'parallel.{field}'")
+    return f"{source}: {own}"
+
+
+def file_field_name(source: str, names: dict[str, str] | None = None) -> Callable[[str, object], str]:
+    """How an error names a setting read from a file and its value, as :func:`flag_name` names a
+    flag: ``file_field_name("s.yaml")("ep", 4)`` is ``"s.yaml: field 'parallel.ep' = 4"``
+    (:func:`file_field_label`)."""
+    return lambda field, value: f"{file_field_label(source, field, names)} = {value!r}"
+
+
 class ParallelConfig(NumbersNotBooleans):
     """Degrees of parallelism and the shape of one training step.
 
@@ -100,7 +124,10 @@ class ParallelConfig(NumbersNotBooleans):
         recompute: activation recomputation (Korthikanti et al. 2022): ``none`` stores everything,
             ``selective`` reruns the attention core in the backward (Megatron's core_attn); with
             ``flash`` that costs the kernel's forward again and frees nothing (no scores are stored),
-            ``full`` stores only each layer's input and reruns its forward in the backward.
+            ``full`` stores only each layer's input and reruns its forward in the backward. A
+            scenario file (and the Python API) also takes ``every-second-mm`` or a module list such
+            as ``norm,swiglu`` for the per-operator cost model (:mod:`simtrain.costs.recompute`, as
+            ``compare --recompute``); its loader keeps that for the cost model and sets this to ``none``.
         attention: the attention kernel: ``flash`` (a fused kernel, FlashAttention; Dao 2023,
             FlashAttention-2, §3.1: the forward keeps only the softmax log-sum-exp per query row
             and head, the backward recomputes the scores, so no score matrix is stored whatever
@@ -334,7 +361,7 @@ class ParallelConfig(NumbersNotBooleans):
             raise ValueError("rank_order 'tp-pp-dp' cannot carve EP groups out of a stage's GPUs; "
                              "use 'tp-dp-pp' (the default with ep > 1)")
         if self.tp_overlap_fraction != 1.0 and not self.tp_overlap:
-            raise ValueError("tp_overlap_fraction applies only with tp_overlap (--tp-overlap)")
+            raise ValueError("tp_overlap_fraction applies only with tp_overlap")
         if self.grad_reduce_op == "all-reduce" and self.zero_stage >= 2:
             raise ValueError(f"grad_reduce_op 'all-reduce' with zero_stage {self.zero_stage}: ZeRO-2/3 shard the "
                              "gradients, which needs reduce-scatter (or choose zero_stage 0 or 1)")

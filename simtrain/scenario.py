@@ -28,7 +28,7 @@ from .memory import memory_breakdown
 from .metrics import Report, compute_report
 from .models import ModelSpec
 from .network import Topology
-from .parallel import ParallelConfig
+from .parallel import ParallelConfig, file_field_name, flag_name
 from .moe import resolve_waves
 from .schedules import Schedule, generate, split_name
 
@@ -79,7 +79,7 @@ class Scenario(BaseModel):
     model: str
     hardware: str
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
-    schedules: list[str] = Field(default_factory=lambda: ["gpipe", "1f1b"], min_length=1)
+    schedules: list[str] = Field(default=["gpipe", "1f1b"], min_length=1)  # (pydantic copies it per instance)
     op_times: tuple[float, float, float] | None = None
 
     @field_validator("op_times")
@@ -117,7 +117,7 @@ def load_scenario(path: Path) -> Scenario:
     section = data.get("parallel") if isinstance(data, dict) else None
     modules = None
     if isinstance(section, dict) and isinstance(section.get("recompute"), str):
-        modules = recompute_modules(section["recompute"], f"{path}: field 'parallel.recompute'")
+        modules = recompute_modules(section["recompute"], file_field_name(str(path)))
         if modules:  # a module list: the cost model's, so the parallel config recomputes none (as compare)
             data = {**data, "parallel": {**section, "recompute": "none"}}
     scenario = validate_model(Scenario, data, str(path))
@@ -150,8 +150,15 @@ class ScheduleRun:
 
 
 def check_static_memory(costs: StageCosts, schedule: Schedule, hardware: HardwareProfile, where: str,
-                        parallel: ParallelConfig | None = None) -> None:
+                        parallel: ParallelConfig | None = None,
+                        name: Callable[[str, object], str] = flag_name) -> None:
     """Refuse a configuration whose parameters, gradients and optimizer states alone overflow HBM.
+
+    Args:
+        costs, schedule, hardware: what runs where; where: the run, for the message.
+        parallel: its settings, for the hint (None: no hint naming them).
+        name: how the hint names a setting, from its field and value (the flag, a scenario
+            file's field, an API argument).
 
     Raises:
         SimtrainError: naming the rank, the bytes it needs and the HBM it has.
@@ -159,9 +166,11 @@ def check_static_memory(costs: StageCosts, schedule: Schedule, hardware: Hardwar
     for rank in range(schedule.num_ranks):
         need = costs.static_bytes({schedule.chunk_of(s) for s in schedule.stages_of(rank)})
         if need > hardware.hbm_bytes:
-            hint = "raise --tp or --pp"
+            hint = "raise the TP or PP degree"
+            if parallel is not None:
+                hint += f" ({name('tp', parallel.tp)}, {name('pp', parallel.pp)})"
             if parallel is not None and parallel.zero_stage < 3 and parallel.dp > 1:
-                hint += f", or use --zero-stage {parallel.zero_stage + 1}"
+                hint += f", or use {name('zero_stage', parallel.zero_stage + 1)}"
             raise SimtrainError(
                 f"{where}: does not fit in HBM: pipeline rank {rank} needs {need / GiB:.1f} GiB for "
                 f"parameters, gradients and optimizer states alone, and {hardware.name} has "
@@ -203,6 +212,7 @@ def run_schedule(
     comm: bool = True,
     waved_ep: bool = False,
     runtime: Callable[[StageCosts], StageCosts] | None = None,
+    name: Callable[[str, object], str] = flag_name,
 ) -> ScheduleRun:
     """Simulate one training step of ``schedule``.
 
@@ -215,6 +225,9 @@ def run_schedule(
         waved_ep: run MoE layers with Waved-EP (implied by a ``+waved-ep`` name).
         runtime: adjusts the costs to a particular runtime before lowering (e.g. how torch
             splits a backward, :func:`simtrain.calibration.predict.torch_runtime_costs`).
+        name: how a refusal names a setting, from its field and value (default the flag; a
+            scenario file's field, :func:`simtrain.cli.settings.setting_name`; the Python API's
+            argument, :func:`simtrain.api.argument_name`).
 
     Returns:
         The :class:`ScheduleRun`.
@@ -227,7 +240,7 @@ def run_schedule(
     with gc_paused():  # the graph's objects die before collection is back on (see gc_paused)
         if _kept_graph is not None:
             _kept_graph.clear()  # the last run's graph, freed before this run builds its own
-        run = _run_schedule(schedule, model, hardware, parallel, op_times, comm, waved_ep, runtime)
+        run = _run_schedule(schedule, model, hardware, parallel, op_times, comm, waved_ep, runtime, name)
         if _kept_graph is not None:
             gc.freeze()  # (see keep_last_graph)
         return run
@@ -242,6 +255,7 @@ def _run_schedule(
     comm: bool,
     waved_ep: bool,
     runtime: Callable[[StageCosts], StageCosts] | None,
+    name: Callable[[str, object], str],
 ) -> ScheduleRun:
     """:func:`run_schedule` (with the garbage collector off)."""
     gpn = hardware.gpus_per_node  # the job's GPUs fill whole nodes, consecutive ids per node
@@ -257,13 +271,13 @@ def _run_schedule(
         parallel = parallel.model_copy(
             update={"pp": schedule.num_ranks, "microbatches": schedule.num_microbatches}
         )
-    waves = resolve_waves(model, parallel) if waved_ep else 1
+    waves = resolve_waves(model, parallel, name) if waved_ep else 1
     costs = stage_costs(model, parallel, hardware, schedule.num_chunks)
     if op_times is not None:
         costs = costs.with_op_times(*op_times)
     if runtime is not None:
         costs = runtime(costs)
-    check_static_memory(costs, schedule, hardware, f"{model.name} on {hardware.name} with {schedule.name}", parallel)
+    check_static_memory(costs, schedule, hardware, f"{model.name} on {hardware.name} with {schedule.name}", parallel, name)
     topology = Topology(hardware, parallel)
     graph = lower(schedule, costs, topology, comm=comm, waves=waves)
     result = simulate(graph)

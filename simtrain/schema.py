@@ -33,13 +33,50 @@ _SPECIAL_UNITS = {"op_times": "s (F, I, W)", "seq_len": "tokens", "microbatch_si
                   "efficiency.link": "fraction of nominal", "overlap.compute_factor": "ratio"}
 
 
+def _recompute_values() -> tuple[str, dict[str, Any]]:
+    """What a scenario file's ``parallel.recompute`` takes, as :func:`simtrain.scenario.load_scenario`
+    reads it (through :func:`simtrain.cost_models.recompute_modules`): a level, torchtitan's
+    ``every-second-mm``, or a comma-separated list of operator and group names
+    (:mod:`simtrain.costs.recompute`). Returns the type as fields.md shows it and the JSON Schema."""
+    from .costs.recompute import ALIASES, EVERY_SECOND_MM, LAYER_OPS
+
+    levels = ["none", "selective", "full", EVERY_SECOND_MM]
+    module = "(" + "|".join(re.escape(n) for n in sorted((*LAYER_OPS, *ALIASES), key=lambda n: (-len(n), n))) + ")"
+    pattern = rf"^\s*{module}\s*(,\s*{module}\s*)*$"
+    text = " \\| ".join(json.dumps(v) for v in levels) + " \\| str (comma-separated module names)"
+    return text, {"anyOf": [{"enum": levels}, {"type": "string", "pattern": pattern}], "default": "selective",
+                  "title": "Recompute"}
+
+
+_LOADER_FIELDS = {"scenario": {"parallel.recompute": _recompute_values}}
+"""Fields whose file loader takes more than the pydantic model's annotation says (the loader turns
+the value into the model's before validating it): per document kind, dotted path -> (type text,
+JSON Schema)."""
+
+
+def _property(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    """The properties mapping that holds ``path``'s last field, following ``$ref``s into ``$defs``."""
+    node = schema
+    *sections, _ = path.split(".")
+    for part in sections:
+        node = node["properties"][part]
+        ref = node.get("$ref") or next((a["$ref"] for a in node.get("allOf", []) if "$ref" in a), None)
+        if ref:
+            node = schema["$defs"][ref.rsplit("/", 1)[-1]]
+    return node["properties"]
+
+
 def json_schema(kind: str) -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12, as pydantic emits it) of one document kind.
+    """The JSON Schema (draft 2020-12, as pydantic emits it) of one document kind, widened where
+    its file loader takes more than the model's annotation (:data:`_LOADER_FIELDS`).
 
     Raises:
         KeyError: ``kind`` is not one of :data:`SCHEMAS`.
     """
-    return SCHEMAS[kind].model_json_schema()
+    schema = SCHEMAS[kind].model_json_schema()
+    for path, values in _LOADER_FIELDS.get(kind, {}).items():
+        _property(schema, path)[path.rsplit(".", 1)[-1]] = values()[1]
+    return schema
 
 
 def _unit(path: str, annotation: Any) -> str:
@@ -98,23 +135,25 @@ def attribute_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def field_rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str, str]]:
+def field_rows(model: type[BaseModel], prefix: str = "", wider: dict | None = None) -> list[tuple[str, str, str, str, str]]:
     """``(path, type, default, unit, description)`` for every field of ``model``, sections
-    flattened with dotted paths (``intra_node.latency_us``)."""
+    flattened with dotted paths (``intra_node.latency_us``); ``wider``: dotted path -> the
+    :data:`_LOADER_FIELDS` entry whose type text replaces the annotation's."""
     rows = []
     docs = attribute_docs(model)
     for name, info in model.model_fields.items():
         path = f"{prefix}{name}"
-        default = ("required" if info.is_required() else
-                   "{}" if info.default is PydanticUndefined and info.default_factory is not None else
-                   json.dumps(info.default) if info.default is not PydanticUndefined else "")
         nested = _nested(info.annotation)
-        if info.default is PydanticUndefined and info.default_factory is not None and nested is not None:
-            default = "(section defaults)"
-        rows.append((path, _type_name(info.annotation), default, _unit(path, info.annotation),
+        factory = info.default is PydanticUndefined and info.default_factory is not None
+        default = ("required" if info.is_required() else
+                   "(section defaults)" if factory and nested is not None else
+                   json.dumps(info.default_factory()) if factory else
+                   json.dumps(info.default) if info.default is not PydanticUndefined else "")
+        kind = (wider or {})[path]()[0] if path in (wider or {}) else _type_name(info.annotation)
+        rows.append((path, kind, default, _unit(path, info.annotation),
                      (info.description or docs.get(name, "")).replace("|", "\\|")))
         if nested is not None:
-            rows += field_rows(nested, prefix=f"{path}.")
+            rows += field_rows(nested, f"{path}.", wider)
     return rows
 
 
@@ -128,6 +167,7 @@ def markdown_reference() -> str:
         doc = (model.__doc__ or "").strip().split("\n")[0]
         parts += [f"## {kind} (`{model.__module__}.{model.__name__}`)", "", doc, "",
                   "| field | type | default | unit | description |", "|---|---|---|---|---|"]
-        parts += [f"| `{p}` | {t} | {d} | {u} | {desc} |" for p, t, d, u, desc in field_rows(model)]
+        parts += [f"| `{p}` | {t} | {d} | {u} | {desc} |"
+                  for p, t, d, u, desc in field_rows(model, wider=_LOADER_FIELDS.get(kind))]
         parts.append("")
     return "\n".join(parts)

@@ -301,7 +301,7 @@ def test_cross_field_errors_stay_short(tmp_path):
 
 def test_memory_hint_only_suggests_what_applies():
     res = invoke("compare", "--model", "llama3-70b", "--hardware", "h100-sxm", "--pp", "2")
-    assert res.exit_code == 2 and "raise --tp or --pp" in res.stderr and "zero-stage" not in res.stderr
+    assert res.exit_code == 2 and "raise the TP or PP degree (--tp 1, --pp 2)" in res.stderr and "zero-stage" not in res.stderr
     res = invoke("compare", "--model", "llama3-70b", "--hardware", "h100-sxm", "--pp", "2", "--dp", "8")
     assert res.exit_code == 2 and "or use --zero-stage 1" in res.stderr.replace("\n", " ")
 

@@ -333,7 +333,7 @@ def test_scenario_setting_that_does_not_apply_is_a_warning(tmp_path):
                   "schedules: [interleaved-1f1b, 1f1b]\n")
     assert invoke("compare", sc, "--json").exit_code == 0
     res = invoke("compare", sc, "--schedules", "1f1b", "--json")  # harmless: the file's vp is for the others
-    assert res.exit_code == 0 and "warning: scenario field 'vp' is ignored" in res.stderr
+    assert res.exit_code == 0 and "field 'parallel.vp' = 2 is ignored" in res.stderr
 
 
 @pytest.mark.parametrize("model, field, value, needle", [
@@ -349,11 +349,11 @@ def test_a_kernel_setting_the_model_has_no_kernel_for_is_a_warning(tmp_path, mod
     sc.write_text(f"model: {model}\nhardware: h100-sxm\nparallel: {{tp: 8, pp: 8, microbatches: 8, {field}: {value}}}\n"
                   "schedules: [1f1b]\n")
     res = invoke("compare", sc, "--json")
-    assert res.exit_code == 0 and f"warning: scenario field '{field}' is ignored: {needle}" in res.stderr
+    assert res.exit_code == 0 and f"field 'parallel.{field}' = " in res.stderr and f"is ignored: {needle}" in res.stderr
     fitting = "mixtral-8x7b" if field == "expert_gemm" else ("gpt3-175b" if field == "bias_dropout_fusion" else "llama3-8b")
     sc.write_text(sc.read_text().replace(f"model: {model}", f"model: {fitting}"))
     res = invoke("compare", sc, "--json")
-    assert res.exit_code == 0 and f"scenario field '{field}'" not in res.stderr
+    assert res.exit_code == 0 and f"field 'parallel.{field}'" not in res.stderr
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -354,7 +354,7 @@ def test_cli_table_and_dashboard_show_all_to_all(moe_yaml, tmp_path):
       "--schedules", "1f1b+waved-ep", "--waves", "8"],
      "--waves 8: waves partition each rank's 4 local experts"),
     (["--model", "deepseek-v3", "--pp", "16", "--dp", "128", "--zero-stage", "1", "--schedules", "1f1b+waved-ep"],
-     "+waved-ep: needs an MoE model with expert parallelism (--ep > 1)"),
+     "+waved-ep: needs an MoE model with expert parallelism (ep > 1)"),
     (["--model", "deepseek-v3", "--pp", "16", "--schedules", "1f1b+wavy"],
      "--schedules: schedule '1f1b+wavy': unknown variant '+wavy'"),
     (["--model", "deepseek-v3", "--pp", "16", "--dispatch-dtype", "fp4"], "--dispatch-dtype = 'fp4'"),

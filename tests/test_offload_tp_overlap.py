@@ -198,7 +198,7 @@ def test_a_tp_overlap_fraction_without_tp_overlap_is_refused():
 
     res = invoke("compare", "--tp-overlap-fraction", "0.5", "--json")
     assert res.exit_code == 2 and res.output.count("error:") == 1
-    assert "tp_overlap_fraction applies only with tp_overlap (--tp-overlap)" in res.output
+    assert "--tp-overlap-fraction = 0.5" in res.output and "tp_overlap_fraction applies only with tp_overlap" in res.output
 
 
 def test_host_copies_are_not_gpu_communication_in_the_metrics():
@@ -215,8 +215,8 @@ def test_host_copies_are_not_gpu_communication_in_the_metrics():
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--tp-overlap", "--tp", "1"), "--tp-overlap: there are no TP collectives to hide with --tp 1"),
-    (("--offload", "activations", "--forward-only"), "--offload: a forward-only step keeps no activations"),
+    (("--tp-overlap", "--tp", "1"), "--tp-overlap True: there are no TP collectives to hide with --tp 1"),
+    (("--offload", "activations", "--forward-only"), "--offload activations: a forward-only step keeps no activations"),
 ])
 def test_settings_that_change_nothing_are_refused_on_the_command_line(args, message):
     from conftest import SMALL, invoke

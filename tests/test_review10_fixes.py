@@ -126,7 +126,7 @@ def test_settings_fixed_op_times_make_idle_are_refused(flag):
 
 
 @pytest.mark.parametrize("stage, needle", [
-    (1, "warning: scenario field 'zero_impl' is ignored: fsdp2 prices FSDP2's copy-out"),
+    (1, "field 'parallel.zero_impl' = 'fsdp2' is ignored: fsdp2 prices FSDP2's copy-out"),
     (2, "warning: zero_impl fsdp2 with zero_stage 2 (FSDP2 with reshard_after_forward False)"),
     (3, None),
 ])

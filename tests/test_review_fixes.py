@@ -126,7 +126,7 @@ def test_vp_with_only_a_schedule_file_is_refused(tmp_path):
     csv = tmp_path / "f.csv"
     assert invoke("export-schedule", "1f1b", "--pp", "4", "--microbatches", "8", "--out", csv).exit_code == 0
     one_error(invoke("compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--seq-len", "2048",
-                     "--schedule-file", csv, "--vp", "2"), "--vp: the schedule file places its stages itself")
+                     "--schedule-file", csv, "--vp", "2"), "--vp 2: the schedule file places its stages itself")
 
 
 EP = ["--hardware", "h800", "--ep", "64", "--tokens", "4096", "--hidden", "7168", "--topk", "8"]

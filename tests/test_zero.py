@@ -94,7 +94,7 @@ def test_zero3_with_dualpipe_copies_is_refused_on_one_line(tmp_path, monkeypatch
     res = CliRunner().invoke(app, ["compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--pp", "4",
                                    "--dp", "2", "--microbatches", "8", "--zero-stage", "3", "--schedules", "dualpipe"])
     assert res.exit_code == 2
-    assert "--zero-stage 3 with dualpipe" in res.stderr and "Traceback" not in res.output
+    assert "dualpipe: --zero-stage = 3" in res.stderr and "Traceback" not in res.output
     assert len(res.stderr.strip().splitlines()) == 1
 
 

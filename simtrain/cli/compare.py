@@ -24,11 +24,12 @@ from ..parallel import ParallelConfig, flag_name
 from ..progress import progress
 from ..scenario import ScheduleRun, run_schedule
 from ..schedules import Schedule, SettingsError, split_name
+from ..schedules.ir import settings_named
 from ..schedules.io import read_torch_csv
 from ..cost_models import CostChoice, check_kernels, hfu, parse_cost_choice, recompute_modules, stage_breakdown
 from ..sweep import SweepSpec, parse_sweep, run_sweep, sweep_from_mapping, sweep_records
 from .app import app, err, out, user_errors
-from .settings import Settings, fit_to_file, load_settings, parallel_from, settings_named
+from .settings import Settings, fit_to_file, load_settings, parallel_from
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -148,15 +149,13 @@ def compare(
                       "--breakdown": breakdown, "--attention-kernel": attention_kernel,
                       "--kernels": kernels if kernels == "compiled-blocks" else None, "--tp-overlap": tp_overlap or None,
                       "--tp-overlap-fraction": tp_overlap_fraction})
-    choice = replace(parse_cost_choice(cost_model, modules, fp8,
-                                       st.hardware.attention_kernel(st.parallel.attention), st.hardware),
-                     name=st.name)
+    choice = parse_cost_choice(cost_model, modules, fp8, st.hardware.attention_kernel(st.parallel.attention),
+                               st.hardware, st.name)
     if job and choice.model == "ops":  # what the job implies for the per-operator model only
         st = replace(st, parallel=job.for_cost_model(st.parallel, choice.model, st.hardware))
         choice = replace(choice, fp8=choice.fp8 or job.fp8)
     check_kernels(choice, st.parallel)
-    check_dtype(st.hardware, st.parallel, choice.model == "ops", "--dtype" if dtype else
-                f"{st.source}: field 'parallel.dtype'" if "dtype" in st.parallel.model_fields_set else None)
+    check_dtype(st.hardware, st.parallel, choice.model == "ops", "dtype" not in st.parallel.model_fields_set, st.name)
     if breakdown is not None and choice.model != "ops":
         raise SimtrainError(f"--breakdown = {breakdown}: needs the per-operator cost model (--cost-model ops)")
     plan = _plan_compare(st, schedules, schedule_file, sweep, pp, microbatches)
@@ -311,12 +310,12 @@ def _run_compare(st: Settings, plan: _ComparePlan, choice: CostChoice,
     with progress(err, steps, "simulating") as advance:
         runs = []
         for name in plan.names:
-            runs.append(run_schedule(name, spec, hw, parallel, op_times=times, comm=comm, runtime=runtime))
+            runs.append(run_schedule(name, spec, hw, parallel, op_times=times, comm=comm, runtime=runtime, name=namer))
             advance(name)
         if plan.imported is not None:
             try:
                 runs.append(run_schedule(plan.imported, spec, hw, parallel, op_times=times, comm=comm,
-                                         runtime=runtime))
+                                         runtime=runtime, name=namer))
             except DeadlockError as exc:
                 raise SimtrainError(f"--schedule-file {plan.schedule_file}: the order cannot run: {exc}") from None
         runs = [replace(r, report=replace(r.report, hfu=hfu(r, spec, parallel, hw, choice))) for r in runs]

@@ -4,9 +4,7 @@ flag or the file's field in every error."""
 from __future__ import annotations
 
 import re
-import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,9 +16,9 @@ from ..hardware import HardwareProfile, load_profile
 from ..importers import ImportedJob
 from ..models import ModelSpec, load_model
 from ..costs.stage import check_settings
-from ..parallel import ParallelConfig, flag_name
+from ..parallel import ParallelConfig, file_field_label, file_field_name, flag_name
 from ..scenario import DEFAULT_SCENARIO, Scenario, load_scenario
-from ..schedules import Schedule, ScheduleWarning, SettingsError, SettingsWarning
+from ..schedules import Schedule
 
 def flag_of(field: str) -> str:
     """The command-line flag of a ParallelConfig field (``microbatch_size`` -> ``--microbatch-size``)."""
@@ -30,40 +28,18 @@ def flag_of(field: str) -> str:
 def _label(field: str, given: set[str] | dict, source: str, names: dict[str, str] | None) -> str:
     """A parallel setting's flag where it was typed, else the file's field (or an imported job's
     own name of it in ``names``)."""
-    if field in given:
-        return flag_of(field)
-    return f"{source}: {(names or {}).get(field, f'field {chr(39)}parallel.{field}{chr(39)}')}"
+    return flag_of(field) if field in given else file_field_label(source, field, names)
 
 
 def setting_name(given: set[str], source: str, names: dict[str, str] | None = None) -> Callable[[str, object], str]:
-    """How an error names a parallel setting and its value: the flag where it was typed
-    (``--ep 4``, :func:`simtrain.parallel.flag_name`), else the file's field
-    (``s.yaml: field 'parallel.ep' = 4``; an imported job's own name of it in ``names``)."""
-    return lambda field, value: (flag_name(field, value) if field in given
-                                 else f"{_label(field, given, source, names)} = {value!r}")
-
-
-@contextmanager
-def settings_named(name: Callable[[str, object], str]) -> Iterator[None]:
-    """Word a schedule's refusal of its settings (:class:`~simtrain.schedules.SettingsError`, and
-    a :class:`~simtrain.schedules.SettingsWarning` given on the way) with ``name``
-    (:func:`setting_name`), so a scenario file's pp or microbatches is named as its field.
-
-    Raises:
-        SimtrainError: the refusal, worded by ``name``.
-    """
-    caught: list[warnings.WarningMessage] = []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", SettingsWarning)
-            try:
-                yield
-            except SettingsError as exc:
-                raise SimtrainError(exc.named(name)) from None
-    finally:  # on to the caller's handling, reworded, once the recording is over (an error too)
-        for w in caught:
-            said = ScheduleWarning(w.message.named(name)) if isinstance(w.message, SettingsWarning) else w.message
-            warnings.warn_explicit(said, w.category, w.filename, w.lineno)
+    """How an error names a setting and its value: the flag where it was typed (``--ep 4``,
+    :func:`simtrain.parallel.flag_name`), and so for every command-line-only option that is no
+    :class:`ParallelConfig` field (``cost_model``, ``fp8``); else the file's field (``s.yaml: field
+    'parallel.ep' = 4``, :func:`simtrain.parallel.file_field_name`; an imported job's own name of
+    it in ``names``)."""
+    in_file = file_field_name(source, names)
+    return lambda field, value: (flag_name(field, value) if field in given or field not in ParallelConfig.model_fields
+                                 else in_file(field, value))
 
 
 def parallel_from(base: dict, overrides: dict, source: str, names: dict[str, str] | None = None) -> ParallelConfig:
@@ -152,12 +128,28 @@ def load_settings(scenario: Path | None, model: str | None, hardware: str | None
         source, file_parallel = str(path), base.parallel.model_dump(exclude_unset=True)
     parallel = parallel_from(file_parallel, overrides, source, job.fields if job else None)
     times = parse_op_times(op_times) if op_times else base.op_times
-    spec = job.model if job is not None else load_model(model or base.model)
-    hw = load_profile(hardware or base.hardware)
-    name = setting_name({k for k, v in overrides.items() if v is not None}, source, job.fields if job else None)
+    spec = job.model if job is not None else _from_file(load_model, model, base.model, source, "model")
+    hw = _from_file(load_profile, hardware, base.hardware, source, "hardware")
+    name = flag_name if flags_only else setting_name({k for k, v in overrides.items() if v is not None}, source,
+                                                      job.fields if job else None)
     check_settings(spec, parallel, hw, name)
     modules = base.recompute_modules if overrides.get("recompute") is None else None
     return Settings(base, source, flags_only, spec, hw, parallel, times, not (no_comm or base.no_comm), name, modules)
+
+
+def _from_file(load: Callable, flag_value: str | None, file_value: str, source: str, field: str):
+    """``load(flag_value)`` where the flag was given, else ``load(file_value)`` with a refusal
+    naming the scenario file's field (``s.yaml: field 'model': unknown model 'llama9' ...``).
+
+    Raises:
+        SimtrainError: what ``load`` raises, prefixed with the file and field when they gave it.
+    """
+    if flag_value is not None:
+        return load(flag_value)
+    try:
+        return load(file_value)
+    except SimtrainError as exc:
+        raise SimtrainError(f"{source}: field '{field}': {exc}") from None
 
 
 def fit_to_file(

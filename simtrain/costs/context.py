@@ -100,16 +100,17 @@ def check_context_parallel(model: ModelSpec, parallel: ParallelConfig, seq_len: 
             "(causal load balancing splits each sequence into 2 x cp chunks)")
     if parallel.ep > 1:
         raise SimtrainError(f"{name('cp', cp)} with {name('ep', parallel.ep)}: context parallelism with expert "
-                            "parallelism is not modelled; use --cp 1 or --ep 1")
+                            f"parallelism is not modelled; use {name('cp', 1)} or {name('ep', 1)}")
     if parallel.cp_kind == "ulysses" and parallel.cp_impl == "torch":
         raise SimtrainError(f"{name('cp_impl', 'torch')} with {name('cp_kind', 'ulysses')}: torch's context_parallel "
-                            "rotates K and V (allgather or alltoall); use --cp-kind allgather or ring, or cp_impl te")
+                            f"rotates K and V (allgather or alltoall); use {name('cp_kind', 'allgather')} or 'ring', "
+                            f"or {name('cp_impl', 'te')}")
     if parallel.cp_kind == "ulysses":
         for heads, what in ((model.num_heads, "attention heads"), (model.kv_heads, "KV heads")):
             if heads % (parallel.tp * cp):
                 raise SimtrainError(
                     f"{name('cp', cp)} with {name('cp_kind', parallel.cp_kind)}: tp x cp = {parallel.tp * cp} must divide the model's "
-                    f"{heads} {what} ({model.name}); use --cp-kind ring or allgather, or a smaller --cp")
+                    f"{heads} {what} ({model.name}); use {name('cp_kind', 'ring')} or 'allgather', or a smaller cp")
 
 
 def cp_declaration(model: ModelSpec, parallel: ParallelConfig, tokens: int, layers: int,

@@ -48,9 +48,11 @@ block, and the heads, gradient accumulation and the ``launch`` row the last.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from ..errors import SimtrainError
 from ..moe import MoEChunkCost, Segment
+from ..parallel import subject
 from .ep_sms import bound_fractions
 from .expert_epilogue import epilogue_ops
 from .fp8 import fp8_cast
@@ -155,8 +157,9 @@ def _experts(ctx, pairs: float) -> list:
     return ops
 
 
-def check_moe(ctx) -> None:
-    """Refuse what the MoE operators do not define.
+def check_moe(ctx, name: Callable[[str, object], str]) -> None:
+    """Refuse what the MoE operators do not define; ``name`` words the setting (the flag, a
+    scenario file's field, an API argument: :func:`simtrain.costs.ops.ops_runtime`'s).
 
     Raises:
         SimtrainError: ``every-second-mm`` recomputation on an MoE model (torchtitan's policy
@@ -165,7 +168,7 @@ def check_moe(ctx) -> None:
     from .recompute import EVERY_SECOND_MM
 
     if ctx.model.moe is not None and EVERY_SECOND_MM in ctx.recompute:
-        raise SimtrainError(f"--recompute = {EVERY_SECOND_MM!r}: defined for dense blocks (torchtitan's policy); "
+        raise SimtrainError(f"{subject(name, 'recompute', EVERY_SECOND_MM)}: defined for dense blocks (torchtitan's policy); "
                             f"{ctx.model.name} is an MoE model (name the modules instead)")
 
 

@@ -46,7 +46,7 @@ from ..errors import SimtrainError
 from ..hardware import HardwareProfile
 from ..models import ModelSpec
 from ..moe import check_expert_parallel
-from ..parallel import ParallelConfig, flag_name
+from ..parallel import ParallelConfig, flag_name, subject
 from ..schedules.ir import ScheduleWarning
 from .context import cp_declaration
 from .cp_merge import cp_merge_op
@@ -395,7 +395,7 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
     if attention not in ("flash", "unfused"):
         raise SimtrainError(f"attention = {attention!r}: choose flash or unfused")
     if fp8 not in (None, "gemms"):
-        raise SimtrainError(f"--fp8 = {fp8!r}: the only choice is gemms (FP8 GEMMs, attention in {parallel.dtype})")
+        raise SimtrainError(f"{subject(name, 'fp8', fp8)}: the only choice is gemms (FP8 GEMMs, attention in {parallel.dtype})")
     spec = recompute or parallel.recompute
     rerun = parse_recompute(spec)  # validated by recompute_modules where it was given
     if EVERY_SECOND_MM in rerun and model.mla is not None:
@@ -411,27 +411,21 @@ def ops_runtime(model: ModelSpec, parallel: ParallelConfig, hardware: HardwarePr
     if attention == "flash" and not rates.attention:
         warnings.warn(f"{hardware.name} ({rates.kind}): no measured fused-attention rate in op_data.yaml, so "
                       f"attention is priced as unfused (materialised scores), slower than a fused kernel; "
-                      f"--attention unfused says so explicitly", ScheduleWarning, stacklevel=2)
+                      f"{name('attention', 'unfused')} says so explicitly", ScheduleWarning, stacklevel=2)
     if fp8 and "fp8" not in rates.gemm:
-        raise SimtrainError(f"--fp8 gemms: {hardware.name} ({rates.kind}) has no FP8 GEMM table; "
+        raise SimtrainError(f"{name('fp8', fp8)}: {hardware.name} ({rates.kind}) has no FP8 GEMM table; "
                             f"it has {sorted(rates.gemm)}")
     ctx = _Ctx(model, parallel, rates, attention, hardware.hbm_bandwidth_bytes_per_s * rates.hbm_efficiency,
                rerun, "fp8" if fp8 else None, host_bound)
-    check_moe(ctx)
-    check_expert_parallel(model, parallel, hardware)  # before pricing an expert layer
+    check_moe(ctx, name)
+    check_expert_parallel(model, parallel, hardware, name)  # before pricing an expert layer
     if spec not in ("none", "selective", "full", EVERY_SECOND_MM) and parallel.kernels == "eager":
         raise SimtrainError(f"{name('recompute', spec)} with {name('kernels', 'eager')}: eager saved tensors are counted per block, "
                             f"so reruns would free no memory; use none, selective, full or {EVERY_SECOND_MM}")
     if spec not in ("none", "selective", "full", EVERY_SECOND_MM):  # a module list: one layer of each kind
         kinds = {model.is_moe_layer(i): i for i in range(model.num_layers)}
-        try:
-            check_present(spec, model.name, {o.name for moe, i in kinds.items()
-                                             for o in (moe_layer_ops(ctx, i).ops if moe else _layer_ops(ctx, i))})
-        except SimtrainError as exc:  # worded for the flag: name a file's field or an argument instead
-            said = name("recompute", spec)
-            if said == flag_name("recompute", spec):
-                raise
-            raise SimtrainError(str(exc).replace(f"--recompute = {spec!r}", said, 1)) from None
+        check_present(spec, model.name, {o.name for moe, i in kinds.items()
+                                         for o in (moe_layer_ops(ctx, i).ops if moe else _layer_ops(ctx, i))}, name)
     return _apply_with(ctx)
 
 

@@ -7,7 +7,10 @@ operator), torchtitan's ``every-second-mm`` or a comma-separated list of operato
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..errors import SimtrainError
+from ..parallel import flag_name, subject
 
 ATTENTION_CORE = ("attention", "attn_scores", "attn_context", "softmax", "attn_dropout")
 """Operators that selective recomputation reruns (Korthikanti et al. 2022 §5)."""
@@ -40,13 +43,14 @@ _EVERY_SECOND_MM_RERUNS = ("norm", "residual", "dropout", "activation", "rotary"
 """The non-compute operators :data:`EVERY_SECOND_MM` reruns (every one of the block)."""
 
 
-def parse_recompute(spec: str, where: str = "--recompute") -> frozenset[str]:
+def parse_recompute(spec: str, name: Callable[[str, object], str] = flag_name) -> frozenset[str]:
     """Operators rerun inside I: ``none``, ``selective`` (the attention core), ``full`` (every
     layer operator), ``every-second-mm`` (torchtitan's selective op policy,
     :data:`EVERY_SECOND_MM`) or a comma-separated list of :data:`LAYER_OPS` names and
     :data:`ALIASES`.
 
-    ``where`` names the value in a message (the flag, or a scenario file's field).
+    ``name`` words the setting in a message, from its field and value (the flag ``--recompute
+    norm``, a scenario file's field, an API argument: :func:`simtrain.cli.settings.setting_name`).
 
     Raises:
         SimtrainError: an unknown module name (the message lists the allowed ones), or one named
@@ -60,22 +64,23 @@ def parse_recompute(spec: str, where: str = "--recompute") -> frozenset[str]:
     items = [x.strip() for x in spec.split(",")]
     for item in items:
         if items.count(item) > 1 and (item in ALIASES or item in LAYER_OPS):
-            raise SimtrainError(f"{where} = {spec!r}: module {item!r} is listed {items.count(item)} times; name "
+            raise SimtrainError(f"{subject(name, 'recompute', spec)}: module {item!r} is listed {items.count(item)} times; name "
                                 "each once")
         if item in ALIASES:
             names.update(ALIASES[item])
         elif item in LAYER_OPS:
             names.add(item)
         else:
-            raise SimtrainError(f"{where} = {spec!r}: unknown module {item!r}; choose none, selective, full, "
+            raise SimtrainError(f"{subject(name, 'recompute', spec)}: unknown module {item!r}; choose none, selective, full, "
                                 f"{EVERY_SECOND_MM} or a comma-separated list of {', '.join(LAYER_OPS + tuple(ALIASES))}")
-    for name, parts in _MODULE_PARTS.items():
-        if name in names:
+    for module, parts in _MODULE_PARTS.items():
+        if module in names:
             names.update(parts)
     return frozenset(names)
 
 
-def check_present(spec: str, model: str, present: set[str]) -> None:
+def check_present(spec: str, model: str, present: set[str],
+                  name: Callable[[str, object], str] = flag_name) -> None:
     """Refuse a ``--recompute`` module list naming an operator (or a group none of whose operators)
     the model has, e.g. ``mla_up`` on a model without MLA or ``experts`` on a dense one.
 
@@ -83,13 +88,14 @@ def check_present(spec: str, model: str, present: set[str]) -> None:
         spec: a ``--recompute`` module list (:func:`parse_recompute` accepted it).
         model: the model's name, for the message.
         present: the operator names of the model's layers (:data:`LAYER_OPS` entries).
+        name: how the message names the setting (as :func:`parse_recompute`).
 
     Raises:
         SimtrainError: one line naming the module and the operators the model has.
     """
     for item in (x.strip() for x in spec.split(",")):
         if not present & set(ALIASES.get(item, (item,))):
-            raise SimtrainError(f"--recompute = {spec!r}: {model} has no {item!r} operator; its layers have "
+            raise SimtrainError(f"{subject(name, 'recompute', spec)}: {model} has no {item!r} operator; its layers have "
                                 f"{', '.join(n for n in LAYER_OPS if n in present)}")
 
 

@@ -13,7 +13,7 @@ from ..errors import SimtrainError
 from ..hardware import HardwareProfile
 from ..models import ModelSpec
 from ..moe import check_expert_parallel, chunk_cost, gpu_layer_params, imbalance_extra_s
-from ..network import Collective
+from ..network import Collective, check_host_link
 from ..parallel import ParallelConfig, flag_name
 from ..schedules.ir import ScheduleWarning
 from .context import check_context_parallel, cp_declaration
@@ -40,7 +40,8 @@ def split_layers(num_layers: int, num_chunks: int) -> list[int]:
     if num_chunks > num_layers:
         raise SimtrainError(
             f"{num_chunks} pipeline stages for a model of {num_layers} layers: "
-            "each stage needs at least one layer (lower --pp, or --vp for interleaved schedules)"
+            "each stage needs at least one layer (lower the pipeline degree pp, or the virtual stages vp of an "
+            "interleaved schedule)"
         )
     base, extra = divmod(num_layers, num_chunks)
     counts = [base] * num_chunks
@@ -307,7 +308,8 @@ def check_settings(model: ModelSpec, parallel: ParallelConfig, hardware: Hardwar
     attention heads (Megatron-LM shards whole heads), expert parallelism
     (:func:`simtrain.moe.check_expert_parallel`), context parallelism
     (:func:`~simtrain.costs.context.check_context_parallel`) and frozen weights / LoRA
-    (:func:`~simtrain.costs.trainable.check_trainable`).
+    (:func:`~simtrain.costs.trainable.check_trainable`) and offload without a host link
+    (:func:`simtrain.network.check_host_link`).
 
     Args:
         model, parallel, hardware: what runs where.
@@ -325,6 +327,7 @@ def check_settings(model: ModelSpec, parallel: ParallelConfig, hardware: Hardwar
     check_expert_parallel(model, parallel, hardware, name)
     check_context_parallel(model, parallel, parallel.seq_len or model.seq_len, name)
     check_trainable(model, parallel, name)
+    check_host_link(parallel, hardware, name)
 
 
 def _warn_unrated(hardware: HardwareProfile, dtype: str) -> None:

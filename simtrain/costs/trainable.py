@@ -63,7 +63,7 @@ def check_trainable(model: ModelSpec, parallel: ParallelConfig,
         return
     if model.moe is not None:
         raise SimtrainError(f"{name('trainable', parallel.trainable)}: frozen weights are not modelled for MoE models "
-                            f"({model.name}); use --trainable all")
+                            f"({model.name}); use {name('trainable', 'all')}")
     beyond = sorted(x for x in parallel.frozen_layers if x >= model.num_layers)
     if beyond:
         raise SimtrainError(f"{name('trainable', parallel.trainable)}: layer {beyond[0]} does not exist; {model.name} has "

@@ -31,8 +31,7 @@ so.
 
 from __future__ import annotations
 
-from ..errors import SimtrainError
-from ..network import Collective
+from ..network import Collective, check_host_link
 from ..schedules.ir import Action
 from .items import Lowering
 
@@ -41,22 +40,6 @@ MIN_STEPS_BETWEEN = 2
 and its backward: one to hide the copy out, one to hide the copy back. An activation needed
 sooner stays on the GPU, as in PipeOffload's selective offload (§4), which keeps the activations
 of short lifespan (the last stages of 1F1B) in HBM."""
-
-
-def check_offload(low: Lowering) -> None:
-    """Refuse offload on a profile without a ``pcie`` figure.
-
-    Raises:
-        SimtrainError: naming the flag, the profile and the missing field.
-    """
-    hardware = low.topology.hardware
-    if low.topology.parallel.offload_fraction > 0 and hardware.host_link is None:
-        raise SimtrainError(
-            f"--offload (field 'parallel.offload') = {low.topology.parallel.offload!r}: hardware profile "
-            f"{hardware.name} has no field 'pcie' "
-            "(the GPU-to-host link); add pcie: {name, bandwidth_gb_per_s} (per direction, from the datasheet) to "
-            "the profile, or use --offload none"
-        )
 
 
 def _backward_of(low: Lowering, f: Action) -> Action | None:
@@ -75,7 +58,7 @@ def add_offload(low: Lowering) -> None:
     fraction = low.topology.parallel.offload_fraction
     if fraction <= 0 or not low.training:
         return
-    check_offload(low)
+    check_host_link(low.topology.parallel, low.topology.hardware)  # (check_settings names the setting first)
     topology = low.topology
     for rank, order in enumerate(low.schedule.orders):
         ports = {op: topology.route(Collective(op, "host", 0.0), rank).resources for op in ("d2h", "h2d")}

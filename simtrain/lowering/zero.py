@@ -45,9 +45,8 @@ Schedules that keep two copies of a chunk on different ranks (DualPipe) are refu
 
 from __future__ import annotations
 
-from ..errors import SimtrainError
 from ..network import Collective
-from ..schedules.ir import Action, Schedule
+from ..schedules.ir import Action, Schedule, SettingsError
 from .items import Lowering, add_delta
 
 
@@ -55,14 +54,14 @@ def check_zero(schedule: Schedule, zero_stage: int, holders: dict[int, tuple[int
     """Refuse ZeRO stage 2 or 3 with a schedule that keeps two copies of a model chunk.
 
     Raises:
-        SimtrainError: naming the schedule, the stage and what is allowed.
+        SettingsError: naming the schedule, the stage and what is allowed (worded as the flag
+            until the entry point words it as the user gave it, :func:`simtrain.schedules.ir.settings_named`).
     """
     if zero_stage >= 2 and any(len(h) > 1 for h in holders.values()):
-        raise SimtrainError(
-            f"--zero-stage {zero_stage} with {schedule.name}: the schedule keeps two copies of each model chunk "
-            "on different ranks, which ZeRO-2/3 cannot shard per microbatch; use --zero-stage 0 or 1, or a "
-            "schedule with one copy (e.g. dualpipev, zbv, 1f1b)"
-        )
+        raise SettingsError(
+            schedule.name, {"zero_stage": zero_stage}, "the schedule keeps two copies of each model chunk "
+            "on different ranks, which ZeRO-2/3 cannot shard per microbatch; use {zero_stage} or 1, or a "
+            "schedule with one copy (e.g. dualpipev, zbv, 1f1b)", hints={"zero_stage": 0})
 
 
 def gradient_actions(schedule: Schedule) -> set[Action]:

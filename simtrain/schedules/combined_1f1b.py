@@ -71,7 +71,7 @@ from collections.abc import Sequence
 
 from .common import check_common, looped_placement
 from .interleaved import looped_actions, round_size, virtual_microbatches
-from .ir import Action, AnyAction, OverlapAction, Schedule, ScheduleWarning, SettingsError
+from .ir import Action, AnyAction, OverlapAction, Schedule, SettingsError, SettingsWarning
 
 
 def combined_warmup(pp: int, rank: int, vp: int, group: int) -> int:
@@ -108,7 +108,7 @@ def _combined(name: str, pp: int, microbatches: int, vp: int) -> Schedule:
     if pp == 1 and vp > 1:
         raise SettingsError(
             name, {"vp": vp, "pp": pp}, "Megatron-Core runs one model chunk without pipeline "
-            "parallelism (forward_backward_no_pipelining); give --vp 1 or --pp 2 or more")
+            "parallelism (forward_backward_no_pipelining); give {vp} or {pp} or more", hints={"vp": 1, "pp": 2})
     group = microbatches if vp == 1 else round_size(name, "ScheduleInterleaved1F1B", pp, microbatches)
     table = virtual_microbatches(microbatches, vp, group)
     orders = []
@@ -150,10 +150,7 @@ def interleaved_1f1b_overlap(pp: int, microbatches: int, vp: int = 2) -> Schedul
     """
     check_common("interleaved-1f1b-overlap", pp, microbatches, vp)
     if vp == 1 and pp > 1:
-        warnings.warn(
-            "interleaved-1f1b-overlap: --vp = 1: one stage per rank, so nothing is interleaved; "
-            "this is 1f1b-overlap's order; pass --vp 2 or more to interleave",
-            ScheduleWarning,
-            stacklevel=2,
-        )
+        warnings.warn(SettingsWarning(
+            "interleaved-1f1b-overlap", {"vp": vp}, "one stage per rank, so nothing is interleaved; "
+            "this is 1f1b-overlap's order; pass {vp} or more to interleave", hints={"vp": 2}), stacklevel=2)
     return _combined("interleaved-1f1b-overlap", pp, microbatches, vp)

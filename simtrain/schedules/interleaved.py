@@ -36,7 +36,7 @@ from __future__ import annotations
 import warnings
 
 from .common import check_common, looped_placement, one_f_one_b_phases
-from .ir import Action, Schedule, ScheduleWarning, SettingsError
+from .ir import Action, Schedule, SettingsError, SettingsWarning
 
 
 def virtual_microbatches(microbatches: int, vp: int, group: int) -> list[tuple[int, int]]:
@@ -111,13 +111,10 @@ def interleaved_1f1b(pp: int, microbatches: int, vp: int = 2) -> Schedule:
     check_common("interleaved-1f1b", pp, microbatches, vp)
     group = round_size("interleaved-1f1b", "ScheduleInterleaved1F1B", pp, microbatches)
     if vp == 1 and pp > 1:
-        warnings.warn(
-            "interleaved-1f1b: --vp = 1: one stage per rank, so nothing is interleaved; simulating "
+        warnings.warn(SettingsWarning(
+            "interleaved-1f1b", {"vp": vp}, "one stage per rank, so nothing is interleaved; simulating "
             "torch's ScheduleInterleaved1F1B with one stage per rank (1F1B's bubble, warm-up "
-            "2(p-r-1) instead of p-r-1); pass --vp 2 or more to interleave",
-            ScheduleWarning,
-            stacklevel=2,
-        )
+            "2(p-r-1) instead of p-r-1); pass {vp} or more to interleave", hints={"vp": 2}), stacklevel=2)
     table = virtual_microbatches(microbatches, vp, group=group)
     orders = []
     for rank in range(pp):

@@ -14,8 +14,10 @@ chunk* (the identity unless two stages share a chunk's layers, as in DualPipe).
 from __future__ import annotations
 
 import re
+import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple, Union
@@ -53,14 +55,18 @@ class ScheduleWarning(UserWarning):
 class _OnSettings:
     """A generator's message about the settings it was given: ``schedule: SETTINGS: why``, the
     settings (``{field: value}``, the refused one first) worded as flags, ``--microbatches = 2
-    with --pp 4``, until :meth:`named` words them as where they were set."""
+    with --pp 4``, until :meth:`named` words them as where they were set. ``why`` may hold
+    ``{field}`` placeholders for the settings it suggests (``hints``, ``{field: value}``), worded
+    the same way: ``"pass {vp} or more"`` with ``hints={"vp": 2}`` reads ``pass --vp 2 or more``
+    on the command line and ``pass vp=2 or more`` from the Python API."""
 
-    def __init__(self, schedule: str, settings: dict[str, int], why: str) -> None:
-        self.schedule, self.settings, self.why = schedule, settings, why
+    def __init__(self, schedule: str, settings: dict[str, int], why: str,
+                 hints: dict[str, object] | None = None) -> None:
+        self.schedule, self.settings, self.why, self.hints = schedule, settings, why, hints or {}
         super().__init__(self.named())
 
     def __reduce__(self):
-        return type(self), (self.schedule, self.settings, self.why)
+        return type(self), (self.schedule, self.settings, self.why, self.hints)
 
     def named(self, name: Callable[[str, object], str] = flag_name) -> str:
         """The message with each setting worded by ``name(field, value)`` (a scenario file's
@@ -71,7 +77,32 @@ class _OnSettings:
         for i, (field, value) in enumerate(self.settings.items()):
             flag, said = flag_name(field, value), name(field, value)
             words.append(said if said != flag else flag.replace(" ", " = ", 1) if i == 0 else flag)
-        return f"{self.schedule}: {' with '.join(words)}: {self.why}"
+        why = self.why.format(**{f: name(f, v) for f, v in self.hints.items()}) if self.hints else self.why
+        return f"{self.schedule}: {' with '.join(words)}: {why}"
+
+
+@contextmanager
+def settings_named(name: Callable[[str, object], str]) -> Iterator[None]:
+    """Word a schedule's refusal of its settings (:class:`SettingsError`, and a
+    :class:`SettingsWarning` given on the way) with ``name`` (the CLI's
+    :func:`simtrain.cli.settings.setting_name`, the API's :func:`simtrain.api.argument_name`), so
+    a scenario file's pp or microbatches is named as its field and an API call's as its argument.
+
+    Raises:
+        SimtrainError: the refusal, worded by ``name``.
+    """
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SettingsWarning)
+            try:
+                yield
+            except SettingsError as exc:
+                raise SimtrainError(exc.named(name)) from None
+    finally:  # on to the caller's handling, reworded, once the recording is over (an error too)
+        for w in caught:
+            said = ScheduleWarning(w.message.named(name)) if isinstance(w.message, SettingsWarning) else w.message
+            warnings.warn_explicit(said, w.category, w.filename, w.lineno)
 
 
 class SettingsError(_OnSettings, ScheduleError):

@@ -343,7 +343,7 @@ def check_applicable(names: list[str], model: ModelSpec, hardware: HardwareProfi
 
 
 def _check_settings_apply(names: list[str], parallel: ParallelConfig, given: set[str],
-                          name: Callable[[str, object], str]) -> None:
+                          name: Callable[[str, object], str] = flag_name) -> None:
     """The settings of TP overlap, offload, split-backward buffers and the DP reduction that
     would change nothing: an error when typed, a warning in a scenario file (:func:`_not_applicable`)."""
     if parallel.tp_overlap and parallel.tp == 1:

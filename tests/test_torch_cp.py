@@ -110,7 +110,7 @@ def test_torch_cp_with_ulysses_is_refused():
     from simtrain.costs.context import check_context_parallel
 
     par = ParallelConfig(cp=2, cp_kind="ulysses", cp_impl="torch")
-    with pytest.raises(SimtrainError, match="cp_impl"):
+    with pytest.raises(SimtrainError, match="^--cp-impl torch with --cp-kind ulysses: .*or --cp-impl te$"):
         check_context_parallel(load_model("llama3-8b"), par, 8192)
 
 
@@ -136,10 +136,11 @@ def test_bad_cp_impl_is_one_error_line(tmp_path, parallel, said):
 
 def test_cp_impl_torch_without_cp_warns_in_a_scenario(tmp_path):
     from simtrain.checks import _check_settings_apply
+    from simtrain.parallel import file_field_name
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _check_settings_apply([], ParallelConfig(cp=1, cp_impl="torch"), set())
-    assert any("cp_impl" in str(w.message) for w in caught)
+        _check_settings_apply([], ParallelConfig(cp=1, cp_impl="torch"), set(), file_field_name("s.yaml"))
+    assert any("s.yaml: field 'parallel.cp_impl' = 'torch' is ignored" in str(w.message) for w in caught)
     with pytest.raises(SimtrainError, match="--cp-impl"):
         _check_settings_apply([], ParallelConfig(cp=1, cp_impl="torch"), {"cp_impl"})

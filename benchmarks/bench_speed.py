@@ -30,8 +30,12 @@ every run unless the checkout has ``__pycache__`` folders. With torch installed 
 ``_simulate_comms_compute`` on the same 1F1B orders, as a peer ratio. Each figure is the
 minimum over ``--repeat`` runs. ``--coarsen K,...`` also runs every DeepSeek-V3 case (and the
 DeepSeek-V3 ``e2e`` case) with ``parallel.moe_coarsen = K`` (an approximation, never the default)
-and prints its step time's error against the exact run of the same case. Not part of the test
-suite.
+and prints its step time's error against the exact run of the same case. ``--startup`` times
+the start-up floor of an ``e2e`` run: fresh processes (the ``e2e`` bytecode cache, each the least
+CPU of ``--repeat`` runs after one untimed run) that start Python alone, import each library the
+``compare --json`` path imports (numpy, pydantic with one model class, typer, PyYAML, SimPy),
+all of them, and ``simtrain.cli.compare`` (everything the command imports): what start-up costs
+before any simulation, and how much of it is the libraries'. Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -234,6 +238,37 @@ then its own peak RSS on stderr (an ``atexit`` handler, which ``run`` runs befor
 process; RUSAGE_CHILDREN's is the largest of every child so far)."""
 
 
+STARTUP = {
+    # name: the statement a fresh process runs (its CPU time is the start-up floor of that much)
+    "python": "pass",
+    "numpy": "import numpy",
+    "pydantic": "from pydantic import BaseModel\nclass _M(BaseModel):\n    x: int = 0",
+    "typer": "import typer",
+    "yaml": "import yaml",
+    "simpy": "import simpy",
+    "libraries": "import numpy, typer, yaml, simpy\nfrom pydantic import BaseModel\nclass _M(BaseModel):\n    x: int = 0",
+    "simtrain.cli.compare": "import simtrain.cli.compare",
+}
+
+
+def startup_floor(repeat: int) -> dict[str, float]:
+    """The least CPU seconds of ``repeat`` fresh processes running each statement of
+    :data:`STARTUP` (after one untimed run that fills the ``e2e`` bytecode cache), with the
+    ``e2e`` runs' environment and ``OPENBLAS_NUM_THREADS=1`` (what :func:`simtrain.cli.run` sets)."""
+    env = {**_e2e_env("startup"), "OPENBLAS_NUM_THREADS": "1"}
+    best: dict[str, float] = {}
+    for name, statement in STARTUP.items():
+        argv = [sys.executable, "-c", statement]
+        subprocess.run(argv, capture_output=True, cwd=ROOT, env=env, check=True)
+        for _ in range(repeat):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run(argv, capture_output=True, cwd=ROOT, env=env, check=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            best[name] = min(best.get(name, cpu), cpu)
+    return best
+
+
 def torch_peer() -> dict | None:
     """CPU seconds of torch's ``_simulate_comms_compute`` on 1F1B p=16, m=128 (with its sends
     and receives added by ``_add_send_recv``), or None without torch."""
@@ -316,6 +351,7 @@ def main() -> None:
     ap.add_argument("--no-fit", action="store_true", help="skip the cost-exponent fit")
     ap.add_argument("--coarsen", default="", help="also run the DeepSeek-V3 cases with these moe_coarsen values, e.g. 2,4")
     ap.add_argument("--fit-repeat", type=int, default=11, help="rounds of the cost-exponent fit (least CPU kept)")
+    ap.add_argument("--startup", action="store_true", help="also time the start-up floor (Python, each library, simtrain's imports)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--fit", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -333,6 +369,10 @@ def main() -> None:
         _show(case, best, ref)
         for k in coarsen if "dsv3" in case else ():
             _show(f"{case} coarsen {k}", _best(case, args.repeat, k), ref, best["step_time_s"])
+    if args.startup:
+        floor = startup_floor(args.repeat)
+        print("start-up floor (CPU s, fresh process; ratio to the reference): " + ", ".join(
+            f"{name} {cpu:.3f} (x{cpu / ref:.2f})" for name, cpu in floor.items()), flush=True)
     if not args.no_fit:
         for axis in FIT:
             _show_fit(axis, _fit_child(axis, args.fit_repeat))

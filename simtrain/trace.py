@@ -198,19 +198,30 @@ class Columns(Mapping):
         self._trace = trace
         self._built: dict[str, np.ndarray] = {}
         self._equal: dict[tuple[str, object], np.ndarray] = {}
+        self._codes: dict[str, tuple[np.ndarray, dict]] = {}
 
     def equal(self, name: str, value: object) -> np.ndarray:
         """The rows where column ``name`` equals ``value`` (``self[name] == value``), as a
         read-only bool array, computed once per (name, value): the report and the memory
         breakdown ask for the same few masks of the text columns (``category == "compute"``,
-        ``kind == "B"`` ...), each an element-by-element comparison of an object column.
+        ``kind == "B"`` ...). Each is one integer comparison of the column's codes
+        (:meth:`Trace.codes`, built once per column), not an element-by-element comparison of
+        an object column: a value equals a row's value exactly when it is the same dictionary
+        key (``value`` must be hashable; the text columns hold strings and None).
 
         Raises:
             KeyError: ``name`` is not a :data:`TRACE_COLUMNS` name.
+            TypeError: ``value`` is not hashable.
         """
         mask = self._equal.get((name, value))
         if mask is None:
-            mask = self._equal[name, value] = np.asarray(self[name] == value, dtype=bool)
+            if name not in TRACE_COLUMNS:
+                raise KeyError(name)
+            codes = self._codes.get(name)
+            if codes is None:
+                codes = self._codes[name] = self._trace.codes(name)
+            code, distinct = codes
+            mask = self._equal[name, value] = code == distinct.get(value, -1)  # (codes are >= 0)
             mask.flags.writeable = False
         return mask
 

@@ -89,6 +89,18 @@ def test_a_kept_column_mask_is_the_comparison_and_cannot_be_changed():
         cols.equal("no such column", "F")
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(["F", "B", "a2a", "", None]), min_size=1, max_size=30),
+       st.sampled_from(["F", "B", "a2a", "", None, "OPT"]), st.booleans())
+def test_a_mask_from_the_columns_codes_is_the_element_by_element_comparison(kinds, value, ordered):
+    n = len(kinds)
+    source = {name: [0] * n for name in TRACE_COLUMNS}
+    source.update(kind=kinds, start_s=[float(i % 3) for i in range(n)], end_s=[3.0] * n)
+    order = None if ordered else np.arange(n)[::-1].copy()
+    cols = Trace(source=source, order=order, memory_rows=[], makespan_s=3.0, events=n).columns
+    assert cols.equal("kind", value).tolist() == [k == value for k in cols["kind"].tolist()]
+
+
 def test_a_kept_graph_lives_until_the_next_run_begins(monkeypatch):
     """keep_last_graph: the last run's graph is kept (at most one) and what the run left is
     frozen, the one before is freed as the next run begins; the reports are those of a run that

@@ -9,7 +9,7 @@ from ..engine import Task
 from ..network import Collective
 from ..schedules.ir import Action, Schedule
 from .items import Lowering, add_delta
-from .zero import sharded_reduction_bytes
+from .zero import sharded_reduction_bytes, zero12_gather
 
 
 def weight_grad_finishers(schedule: Schedule) -> set[Action]:
@@ -182,9 +182,11 @@ def add_embedding_sync(low: Lowering) -> None:
 
 def add_optimizer(low: Lowering) -> None:
     """Pass 5: each rank's optimizer step (memory-bound Adam) after its last compute and its
-    gradient reductions; under ZeRO-1 and 2 an all-gather of the updated parameters (dense over
-    DP, routed experts over expert-DP; ZeRO-3 gathers them before the next step's forward)."""
-    schedule, costs, topology, parallel = low.schedule, low.costs, low.topology, low.topology.parallel
+    gradient reductions; under ZeRO-1 and 2 an all-gather of the updated parameters
+    (:func:`~simtrain.lowering.zero.zero12_gather`), unless ``overlap_param_gather`` moved it into
+    the step's forwards (:func:`~simtrain.lowering.zero.add_overlapped_param_gathers`); ZeRO-3
+    gathers them before each forward."""
+    schedule, costs, parallel = low.schedule, low.costs, low.topology.parallel
     dp = parallel.dp_cp if low.comm else 1
     last_compute = _last_compute(low)
     for rank in range(schedule.num_ranks):
@@ -197,17 +199,10 @@ def add_optimizer(low: Lowering) -> None:
         opt = low.graph.add(name="optimizer step", rank=rank, category="compute", kind="OPT", stream="compute",
                             duration_s=duration, deps=deps, mem_start=[(rank, temp)] if temp else [],
                             mem_end=[(rank, -temp)] if temp else [])
-        if parallel.zero_stage in (1, 2) and dp > 1:
-            experts = sum(costs.chunks[c].expert_params for c in low.held[rank]) * costs.grad_bytes_per_param
-            dense = sum(costs.chunks[c].params - costs.chunks[c].frozen_params
-                        for c in low.held[rank]) * costs.grad_bytes_per_param - experts
-            gather = Collective("all-gather", "dp", dense)
-            seconds = topology.seconds(gather, rank)
-            if experts > 0:
-                seconds += topology.seconds(Collective("all-gather", "expert_dp", experts), rank)
+        if parallel.zero_stage in (1, 2) and dp > 1 and not parallel.overlap_param_gather:
+            seconds, resources, nbytes = zero12_gather(low, rank, low.held[rank])
             low.graph.add(name="dp param all-gather", rank=rank, category="comm", kind="dp", stream="dp",
-                          duration_s=seconds, deps=[opt.tid], resources=topology.route(gather, rank).resources,
-                          nbytes=dense + experts)
+                          duration_s=seconds, deps=[opt.tid], resources=resources, nbytes=nbytes)
 
 
 def add_runtime_overheads(low: Lowering) -> None:

@@ -157,7 +157,13 @@ def add_embedding_sync(low: Lowering) -> None:
     chunk (input embedding) and the rank holding the last (LM head), after each rank's last
     compute and before its optimizer step (Megatron-LM: ``_allreduce_embedding_grads`` over the
     embedding group of the first and last pipeline stage, Shoeybi et al. 2019 / Narayanan et al.
-    2021 §2). A ring all-reduce of two GPUs sends and receives the whole buffer once, so each
+    2021 §2). Megatron-Core's ``finalize_model_grads``
+    (``megatron/core/distributed/finalize_model_grads.py``) calls it after ``finish_grad_sync``,
+    the wait for the rank's DP gradient reductions, and a collective ends on neither rank before
+    both have joined, so each rank's task also waits for the other rank's gradient reductions
+    (``p2p_mode: blocking``, DeepSpeed's pipeline engine, reduces the tied gradients before the DP
+    ones, ``ReduceTiedGrads`` then ``ReduceGrads``: not there). A ring all-reduce of two GPUs sends
+    and receives the whole buffer once, so each
     rank's task lasts one message of ``tied_embedding_params x grad bytes`` on the route between
     them (:meth:`simtrain.network.Topology.p2p`), in the gradient-reduction dtype (DeepSpeed's
     ``_exec_reduce_tied_grads`` reduces ``weight._hp_grad``, the fp32 copy, under bf16). Skipped
@@ -172,6 +178,8 @@ def add_embedding_sync(low: Lowering) -> None:
     nbytes = costs.tied_embedding_params * costs.grad_reduce_bytes_per_param
     last_compute = _last_compute(low)
     deps = [tid for r in holders for tid in last_compute.get(r, [])]
+    if low.topology.parallel.p2p_mode != "blocking":
+        deps += [t.tid for r in holders for t in low.dp_tasks.get(r, [])]
     for rank, peer in (holders, holders[::-1]):
         collective = Collective("p2p", "pp", nbytes)
         task = low.graph.add(name="embedding grad all-reduce", rank=rank, peer=peer, category="comm", kind="dp",

@@ -130,10 +130,11 @@ class ParallelConfig(NumbersNotBooleans):
             forwards instead of run after the optimizer step (Megatron-Core
             ``DistributedDataParallelConfig.overlap_param_gather``, Apex
             ``DistributedFusedAdam(overlap_param_sync=True)``; both default False): in steady state
-            each held chunk's all-gather starts with the step and the chunk's first forward waits
-            for it (:func:`simtrain.lowering.zero.add_overlapped_param_gathers`). Not with zero_stage 0
-            (Megatron-LM refuses it without the distributed optimizer or Megatron-FSDP,
-            ``arguments.py``); with zero_stage 3 nothing changes (ZeRO-3 gathers before each action).
+            each held chunk's all-gather runs during the step's first forwards and the chunk's
+            first forward waits for it (:func:`simtrain.lowering.zero.add_overlapped_param_gathers`).
+            Not with zero_stage 0 (Megatron-LM refuses it without the distributed optimizer or
+            Megatron-FSDP, ``arguments.py``); with zero_stage 3 nothing changes (ZeRO-3 gathers
+            before each action).
         optimizer_impl: how the Adam step runs: ``fused``, one kernel per tensor list that
             updates in place (apex / Transformer Engine FusedAdam as Megatron-LM uses, torch's
             ``fused=True``): no temporary; ``foreach``, torch.optim.Adam/AdamW's multi-tensor

@@ -116,3 +116,27 @@ def test_overlap_param_gather_needs_a_sharded_optimizer():
     with pytest.raises(ValueError, match="overlap_param_gather with zero_stage 0"):
         ParallelConfig(dp=2, zero_stage=0, overlap_param_gather=True)
     assert ParallelConfig(dp=2, zero_stage=2, overlap_param_gather=True).overlap_param_gather
+
+
+def test_a_third_chunk_is_gathered_when_the_second_chunks_first_forward_begins():
+    """Megatron's aligned dispatch: chunks 0 and 1 at the step's start, chunk 2 when the first
+    pipeline rank begins chunk 1's first forward. Chunks of 4, 6 and 2 parameters (4, 6, 1 s
+    gathers), 0F0 10 s: gather 0 0-4, 0F0 4-14, gather 1 4-10, 1F0 14-15, gather 2 from 14 (not
+    from 10, when the zero stream is free) to 15, so 2F0 starts at 15 + 0 s."""
+    parallel = ParallelConfig(pp=1, vp=3, dp=2, dp_buckets=1, microbatches=1, zero_stage=1, nccl_channels=0,
+                              overlap_param_gather=True)
+    order = "0F0 1F0 2F0 2B0 1B0 0B0"
+    schedule = Schedule("hand", 1, (0, 0, 0), (tuple(parse_action(a) for a in order.split()),))
+    schedule.validate()
+    chunks = (_chunk(0, 10.0, 4.0), _chunk(1, 1.0, 6.0), dataclasses.replace(_chunk(2, 1.0, 2.0), has_head=True))
+    costs = StageCosts(chunks=chunks, static_bytes_per_param=16.0, grad_bytes_per_param=2.0,
+                       optimizer_s_per_param=OPT_S_PER_PARAM, tokens_per_microbatch=1)
+    topology = Topology(HW, parallel)
+    graph = lower(schedule, costs, topology)
+    tasks = _tasks(graph, simulate(graph))
+    gather = [topology.seconds(Collective("all-gather", "dp", 2.0 * p), 0) for p in (4.0, 6.0, 2.0)]
+    g2 = tasks["zero param all-gather chunk 2"]
+    assert tasks["1F0"][0] == pytest.approx(gather[0] + 10.0)
+    assert g2[0] == pytest.approx(tasks["1F0"][0])  # issued as chunk 1's first forward begins
+    assert g2[1] == pytest.approx(gather[0] + 10.0 + gather[2])
+    assert tasks["2F0"][0] == pytest.approx(max(tasks["1F0"][1], g2[1]))

@@ -119,8 +119,8 @@ def test_overlap_param_gather_needs_a_sharded_optimizer():
 
 
 def test_a_third_chunk_is_gathered_when_the_second_chunks_first_forward_begins():
-    """Megatron's aligned dispatch: chunks 0 and 1 at the step's start, chunk 2 when the first
-    pipeline rank begins chunk 1's first forward. Chunks of 4, 6 and 2 parameters (4, 6, 1 s
+    """One chunk ahead (Megatron's dispatch on pipeline rank 0): chunks 0 and 1 at the step's
+    start, chunk 2 when the rank begins chunk 1's first forward. Chunks of 4, 6 and 2 parameters (4, 6, 1 s
     gathers), 0F0 10 s: gather 0 0-4, 0F0 4-14, gather 1 4-10, 1F0 14-15, gather 2 from 14 (not
     from 10, when the zero stream is free) to 15, so 2F0 starts at 15 + 0 s."""
     parallel = ParallelConfig(pp=1, vp=3, dp=2, dp_buckets=1, microbatches=1, zero_stage=1, nccl_channels=0,

@@ -64,14 +64,13 @@ the ``dp`` stream). With ``overlap_param_gather`` it moves into the next step's 
 
 simtrain at chunk granularity: each rank's held chunks are gathered in the order of their first
 forward on the rank, one all-gather per chunk on the rank's ``zero`` stream; the first two at the
-step's start (in steady state the previous step's optimizer is done by then), chunk j + 1 when the
-first pipeline rank begins the first forward of its chunk j (Megatron's aligned dispatch, read at
-rank 0's moment for every rank); the chunk's first forward waits for its chunk. Not modelled, each
-with its sign: Megatron without interleaving issues a pipeline rank's first bucket only when its
-first forward's input has arrived (simtrain: at the step's start, so on ranks after the first it
-hides more); on ranks after the first, the aligned dispatch comes a few forwards before that rank's
-own forward of chunk j (simtrain: at rank 0's, the same moment, read without the rank's lag, so
-no later than Megatron's); the buckets within a chunk (simtrain's first forward waits for the whole
+step's start (in steady state the previous step's optimizer is done by then), chunk j + 1 at the
+forward where Megatron's interleaved schedule dispatches it on that rank (pipeline rank r: its
+forward number j x pp - r, when rank 0 begins chunk j; launched there in the rank's host order,
+which ``hardware_queues`` follows); the chunk's first forward waits for its chunk. Not modelled,
+each with its sign: Megatron without interleaving issues a pipeline rank's first bucket only when
+its first forward's input has arrived (simtrain: at the step's start, so on ranks after the first
+it hides more); the buckets within a chunk (simtrain's first forward waits for the whole
 chunk, Megatron's each layer only for its bucket, so a chunk of several buckets is more exposed in
 simtrain, and a one-rank run gains nothing); NeMo/Apex making the compute stream wait for chunk 0's
 gather at the step's start before dispatching chunk 1.
@@ -193,42 +192,44 @@ def zero12_gather(low: Lowering, rank: int, chunks) -> tuple[float, tuple[str, .
     return seconds, topology.route(gather, rank).resources, dense + experts
 
 
-def _first_forwards(low: Lowering, order) -> list[tuple[int, Action, Action | None]]:
-    """``(chunk, its first F, the action before it)`` for each chunk in the order of their first
-    forwards in ``order`` (one rank's schedule order)."""
-    firsts, before = [], None
-    seen: set[int] = set()
+def _forwards(low: Lowering, order) -> list[tuple[Action, Action | None]]:
+    """``(F, the action before it)`` for every forward in ``order`` (one rank's schedule order)."""
+    forwards, before = [], None
     for act in order:
         for a in act.parts:
-            chunk = low.schedule.chunk_of(a.stage)
-            if a.kind == "F" and a in low.first and chunk not in seen:
-                seen.add(chunk)
-                firsts.append((chunk, a, before))
+            if a.kind == "F" and a in low.first:
+                forwards.append((a, before))
             before = a
-    return firsts
+    return forwards
 
 
 def add_overlapped_param_gathers(low: Lowering) -> None:
     """``overlap_param_gather``'s pass (ZeRO-1/2, dp > 1, training): one all-gather per chunk a rank
     holds, on its ``zero`` stream, the chunk's first forward waiting for it (module docstring).
-    The rank's first two chunks (in first-forward order) are issued at the step's start; chunk
-    j + 1 when the first pipeline rank begins the first forward of its chunk j (Megatron's
-    ``align_param_gather``: the same moment on every rank). A rank without an optimizer step
+    Pipeline rank r issues its first two chunks (in first-forward order) at the step's start and
+    chunk j >= 2 as it begins its forward number ``(j - 1) x pp - r`` (counted from 0; Megatron's
+    interleaved schedule dispatches at virtual microbatch ``v`` with ``v + r`` the first of chunk
+    j - 1, the moment rank 0 begins chunk j - 1), and never after its own first forward of chunk
+    j - 1. A rank without an optimizer step
     (``costs.optimizer_s`` 0) gathers nothing, as in :func:`simtrain.lowering.comms.add_optimizer`."""
-    moments = None  # the first gathering rank's: deps of each chunk's first forward beginning
+    pp = low.schedule.num_ranks
     for rank, order in enumerate(low.schedule.orders):
         if low.costs.optimizer_s(low.held[rank]) <= 0:
             continue
-        own: list[list[int]] = []
-        for j, (chunk, a, before) in enumerate(_first_forwards(low, order)):
-            ref = moments if moments is not None and j - 1 < len(moments) else own
+        forwards = _forwards(low, order)
+        seen: dict[int, int] = {}  # chunk -> index of its first forward in ``forwards``
+        for i, (a, _) in enumerate(forwards):
+            seen.setdefault(low.schedule.chunk_of(a.stage), i)
+        for j, (chunk, i) in enumerate(seen.items()):
+            deps = []
+            if j >= 2:
+                k = min(max(0, (j - 1) * pp - rank), list(seen.values())[j - 1])
+                at, before = forwards[k]
+                deps = list(low.first[at].deps) + ([low.last[before].tid] if before in low.last else [])
+            a = forwards[i][0]
             seconds, resources, nbytes = zero12_gather(low, rank, [chunk])
             gather = low.graph.add(
                 name=f"zero param all-gather chunk {chunk}", rank=rank, category="comm", kind="zero",
-                stream="zero", duration_s=seconds, deps=list(ref[j - 1]) if j >= 2 else [], resources=resources,
-                stage=a.stage, nbytes=nbytes,
+                stream="zero", duration_s=seconds, deps=deps, resources=resources, stage=a.stage, nbytes=nbytes,
             )
             low.first[a].deps.append(gather.tid)
-            own.append(low.first[a].deps + ([low.last[before].tid] if before in low.last else []))
-        if moments is None:
-            moments = own

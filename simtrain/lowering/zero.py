@@ -220,10 +220,11 @@ def add_overlapped_param_gathers(low: Lowering) -> None:
         seen: dict[int, int] = {}  # chunk -> index of its first forward in ``forwards``
         for i, (a, _) in enumerate(forwards):
             seen.setdefault(low.schedule.chunk_of(a.stage), i)
+        firsts = list(seen.values())
         for j, (chunk, i) in enumerate(seen.items()):
             deps = []
             if j >= 2:
-                k = min(max(0, (j - 1) * pp - rank), list(seen.values())[j - 1])
+                k = min(max(0, (j - 1) * pp - rank), firsts[j - 1])
                 at, before = forwards[k]
                 deps = list(low.first[at].deps) + ([low.last[before].tid] if before in low.last else [])
             a = forwards[i][0]

@@ -153,6 +153,15 @@ class ParallelConfig(NumbersNotBooleans):
             ``torch.autograd.grad(..., retain_graph=True)`` and keeps the graph's intermediate
             nodes and their gradients until ``stage_backward_weight``).
         dp_buckets: gradient buckets per pipeline stage for the DP all-reduce.
+        overlap_param_gather: ZeRO-1/2's parameter all-gather overlapped with the next step's
+            forwards instead of run after the optimizer step (Megatron-Core
+            ``DistributedDataParallelConfig.overlap_param_gather``, Apex
+            ``DistributedFusedAdam(overlap_param_sync=True)``; both default False): in steady state
+            each held chunk's all-gather runs during the step's first forwards and the chunk's
+            first forward waits for it (:func:`simtrain.lowering.zero.add_overlapped_param_gathers`).
+            Not with zero_stage 0 (Megatron-LM refuses it without the distributed optimizer or
+            Megatron-FSDP, ``arguments.py``); with zero_stage 3 nothing changes (ZeRO-3 gathers
+            before each action).
         optimizer_impl: how the Adam step runs: ``fused``, one kernel per tensor list that
             updates in place (apex / Transformer Engine FusedAdam as Megatron-LM uses, torch's
             ``fused=True``): no temporary; ``foreach``, torch.optim.Adam/AdamW's multi-tensor
@@ -317,6 +326,7 @@ class ParallelConfig(NumbersNotBooleans):
     sequence_parallel: bool = True
     w_pending: Literal["gemm-io", "autograd"] = "gemm-io"
     dp_buckets: int = Field(default=4, ge=1)
+    overlap_param_gather: bool = False
     optimizer_impl: Literal["fused", "foreach"] = "fused"
     grad_allocation: Literal["static", "first-backward"] = "static"
     pp_buffers: Literal["per-transfer", "per-microbatch"] = "per-transfer"
@@ -376,6 +386,9 @@ class ParallelConfig(NumbersNotBooleans):
         if self.p2p_mode == "blocking" and self.zero_stage >= 2:
             raise ValueError(f"p2p_mode 'blocking' with zero_stage {self.zero_stage}: DeepSpeed's pipeline engine "
                              "runs ZeRO stage 0 or 1 only (choose zero_stage 0 or 1, or p2p_mode 'async')")
+        if self.overlap_param_gather and self.zero_stage == 0:
+            raise ValueError("overlap_param_gather with zero_stage 0: without a sharded optimizer no parameters are "
+                             "all-gathered (choose zero_stage 1 or 2, or overlap_param_gather false)")
         if not self.rope_fusion and self.kernels == "eager":
             raise ValueError("rope_fusion false with kernels 'eager': eager kernels price the rotary embedding "
                              "unfused already (keep rope_fusion true, or choose kernels 'fused')")

@@ -171,6 +171,11 @@ def test_tied_embedding_gradients_are_all_reduced_between_first_and_last_stage(s
         for rank, end in zip(sync["rank"], sync["end_s"]):
             opt = trace[(trace["rank"] == rank) & (trace["kind"] == "OPT")]
             assert (opt["start_s"] >= end - 1e-12).all()  # the optimizer waits for it
+        # one collective: neither half starts before both ranks' DP gradient reductions are done
+        # (Megatron-Core's finalize_model_grads: finish_grad_sync, then the embedding all-reduce)
+        reductions = trace[trace["name"].str.startswith("dp grad") & trace["rank"].isin([0, 3])]
+        assert sync["start_s"].min() == pytest.approx(sync["start_s"].max())
+        assert sync["start_s"].min() >= reductions["end_s"].max() - 1e-12
 
 
 def test_an_edited_copy_of_a_shipped_profile_keeps_its_own_compute_figures(tmp_path):

@@ -26,7 +26,8 @@ compute-only schedule through ``_add_unshard_reshard`` and ``_add_send_recv``):
 5. :func:`~simtrain.lowering.offload.add_offload` (``--offload`` only): each F's activations
    copied to the host over PCIe and back before its backward (:mod:`simtrain.lowering.offload`);
 6. :func:`~simtrain.lowering.comms.add_optimizer`: the optimizer step, and ZeRO-1/2's parameter
-   all-gather;
+   all-gather (``overlap_param_gather``: :func:`~simtrain.lowering.zero.add_overlapped_param_gathers`
+   moves it to the step's start, each chunk's first forward waiting for its chunk);
 7. :func:`~simtrain.lowering.comms.add_runtime_overheads`: calibrated per-action and per-message
    overheads and shared processor pools; then
    :func:`~simtrain.lowering.queues.add_hardware_queues` (``--hardware-queues`` only): the tasks
@@ -55,7 +56,7 @@ from .items import Lowering
 from .nccl_sms import add_nccl_sms
 from .offload import add_offload
 from .queues import add_hardware_queues
-from .zero import add_param_gathers, check_zero, gradient_actions
+from .zero import add_overlapped_param_gathers, add_param_gathers, check_zero, gradient_actions
 
 
 def lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool = True, waves: int = 1) -> TaskGraph:
@@ -104,6 +105,8 @@ def _lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool
     add_offload(low)
     if low.training:
         add_optimizer(low)
+        if comm and zero_stage in (1, 2) and dp > 1 and topology.parallel.overlap_param_gather:
+            add_overlapped_param_gathers(low)
     if blocking:
         after_last_instruction(low, done)
     add_runtime_overheads(low)

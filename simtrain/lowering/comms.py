@@ -9,7 +9,7 @@ from ..engine import Task
 from ..network import Collective
 from ..schedules.ir import Action, Schedule
 from .items import Lowering, add_delta
-from .zero import sharded_reduction_bytes
+from .zero import sharded_reduction_bytes, zero12_gather
 
 
 def weight_grad_finishers(schedule: Schedule) -> set[Action]:
@@ -157,7 +157,13 @@ def add_embedding_sync(low: Lowering) -> None:
     chunk (input embedding) and the rank holding the last (LM head), after each rank's last
     compute and before its optimizer step (Megatron-LM: ``_allreduce_embedding_grads`` over the
     embedding group of the first and last pipeline stage, Shoeybi et al. 2019 / Narayanan et al.
-    2021 §2). A ring all-reduce of two GPUs sends and receives the whole buffer once, so each
+    2021 §2). Megatron-Core's ``finalize_model_grads``
+    (``megatron/core/distributed/finalize_model_grads.py``) calls it after ``finish_grad_sync``,
+    the wait for the rank's DP gradient reductions, and a collective ends on neither rank before
+    both have joined, so each rank's task also waits for the other rank's gradient reductions
+    (``p2p_mode: blocking``, DeepSpeed's pipeline engine, reduces the tied gradients before the DP
+    ones, ``ReduceTiedGrads`` then ``ReduceGrads``: not there). A ring all-reduce of two GPUs sends
+    and receives the whole buffer once, so each
     rank's task lasts one message of ``tied_embedding_params x grad bytes`` on the route between
     them (:meth:`simtrain.network.Topology.p2p`), in the gradient-reduction dtype (DeepSpeed's
     ``_exec_reduce_tied_grads`` reduces ``weight._hp_grad``, the fp32 copy, under bf16). Skipped
@@ -172,6 +178,8 @@ def add_embedding_sync(low: Lowering) -> None:
     nbytes = costs.tied_embedding_params * costs.grad_reduce_bytes_per_param
     last_compute = _last_compute(low)
     deps = [tid for r in holders for tid in last_compute.get(r, [])]
+    if low.topology.parallel.p2p_mode != "blocking":
+        deps += [t.tid for r in holders for t in low.dp_tasks.get(r, [])]
     for rank, peer in (holders, holders[::-1]):
         collective = Collective("p2p", "pp", nbytes)
         task = low.graph.add(name="embedding grad all-reduce", rank=rank, peer=peer, category="comm", kind="dp",
@@ -182,9 +190,11 @@ def add_embedding_sync(low: Lowering) -> None:
 
 def add_optimizer(low: Lowering) -> None:
     """Pass 5: each rank's optimizer step (memory-bound Adam) after its last compute and its
-    gradient reductions; under ZeRO-1 and 2 an all-gather of the updated parameters (dense over
-    DP, routed experts over expert-DP; ZeRO-3 gathers them before the next step's forward)."""
-    schedule, costs, topology, parallel = low.schedule, low.costs, low.topology, low.topology.parallel
+    gradient reductions; under ZeRO-1 and 2 an all-gather of the updated parameters
+    (:func:`~simtrain.lowering.zero.zero12_gather`), unless ``overlap_param_gather`` moved it into
+    the step's forwards (:func:`~simtrain.lowering.zero.add_overlapped_param_gathers`); ZeRO-3
+    gathers them before each forward."""
+    schedule, costs, parallel = low.schedule, low.costs, low.topology.parallel
     dp = parallel.dp_cp if low.comm else 1
     last_compute = _last_compute(low)
     for rank in range(schedule.num_ranks):
@@ -197,17 +207,10 @@ def add_optimizer(low: Lowering) -> None:
         opt = low.graph.add(name="optimizer step", rank=rank, category="compute", kind="OPT", stream="compute",
                             duration_s=duration, deps=deps, mem_start=[(rank, temp)] if temp else [],
                             mem_end=[(rank, -temp)] if temp else [])
-        if parallel.zero_stage in (1, 2) and dp > 1:
-            experts = sum(costs.chunks[c].expert_params for c in low.held[rank]) * costs.grad_bytes_per_param
-            dense = sum(costs.chunks[c].params - costs.chunks[c].frozen_params
-                        for c in low.held[rank]) * costs.grad_bytes_per_param - experts
-            gather = Collective("all-gather", "dp", dense)
-            seconds = topology.seconds(gather, rank)
-            if experts > 0:
-                seconds += topology.seconds(Collective("all-gather", "expert_dp", experts), rank)
+        if parallel.zero_stage in (1, 2) and dp > 1 and not parallel.overlap_param_gather:
+            seconds, resources, nbytes = zero12_gather(low, rank, low.held[rank])
             low.graph.add(name="dp param all-gather", rank=rank, category="comm", kind="dp", stream="dp",
-                          duration_s=seconds, deps=[opt.tid], resources=topology.route(gather, rank).resources,
-                          nbytes=dense + experts)
+                          duration_s=seconds, deps=[opt.tid], resources=resources, nbytes=nbytes)
 
 
 def add_runtime_overheads(low: Lowering) -> None:

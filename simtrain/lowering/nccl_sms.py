@@ -44,8 +44,8 @@ training on 4 A100 and 4 H100 (Lee et al. 2025, arXiv:2507.03114, abstract); the
 ``S / (S - c) - 1`` = 17.4 % (A100, 16 channels) to 28.6 % (A100, 24) for compute-bound work.
 
 Which tasks take SMs: the collectives of the ``dp`` (gradient reduction, ZeRO-1/2 parameter
-all-gather, tied-embedding all-reduce), ``zero`` (ZeRO-3 parameter all-gathers) and ``tp``
-streams. Not modelled: pipeline p2p sends (NCCL send/recv kernels on a few p2p channels),
+all-gather, tied-embedding all-reduce), ``zero`` (ZeRO-3 parameter all-gathers, ZeRO-1/2's under
+``overlap_param_gather``) and ``tp`` streams. Not modelled: pipeline p2p sends (NCCL send/recv kernels on a few p2p channels),
 context-parallel exchanges (p2p), EP all-to-alls (DeepEP's own SMs: :mod:`simtrain.costs.ep_sms`),
 copies (the copy engines), NVLS all-reduce's own channel count (``NVLS_NCHANNELS``, 16 on H100),
 the HBM bandwidth NCCL takes, and the wave quantization of a GEMM whose last wave no longer fits

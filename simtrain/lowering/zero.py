@@ -41,6 +41,41 @@ How simtrain lowers it:
 
 Schedules that keep two copies of a chunk on different ranks (DualPipe) are refused for stages
 2 and 3: their copies would have to share one gradient shard per microbatch.
+
+ZeRO-1 and 2 all-gather the updated parameter shards after the optimizer step
+(:func:`zero12_gather`; :func:`simtrain.lowering.comms.add_optimizer` runs it after the step, on
+the ``dp`` stream). With ``overlap_param_gather`` it moves into the next step's forwards
+(:func:`add_overlapped_param_gathers`), as Megatron-Core and Apex do:
+
+* Megatron-Core (``megatron/core/distributed/distributed_data_parallel.py``,
+  ``param_and_grad_buffer.py`` at d98e8a6; the same logic in ``pipeline_parallel/schedules.py`` at
+  df72712, the revision MLPerf v3.1's NeMo ran): the optimizer step skips the all-gather; a forward
+  pre-hook on every module waits for the all-gather of the bucket holding its parameters
+  (``finish_param_sync``), so only a chunk's first forward of the step waits, later microbatches find
+  it done. With interleaving (``align_param_gather``, default True, forced False without it) the
+  schedule dispatches chunks 0 and 1 at its start and chunk k + 1 at the first forward of chunk
+  k, at the same moment on every pipeline rank; without interleaving the first forward's pre-hook
+  dispatches the first bucket and each wait dispatches the next (one bucket ahead);
+* Apex ``DistributedFusedAdam(overlap_param_sync=True)`` (``apex/contrib/optimizers/distributed_fused_adam.py``,
+  2023-08 and now; NeMo passes ``param_sync_func = _try_start_bucket_param_sync`` to the same
+  schedule, one bucket per virtual stage, ``megatron_gpt_model.py`` at bd0b818): ``step`` starts the
+  bucket of the model's first parameters while it steps the rest; a parameter's first use waits for
+  its bucket (``_param_copy``) and starts the next.
+
+simtrain at chunk granularity: each rank's held chunks are gathered in the order of their first
+forward on the rank, one all-gather per chunk on the rank's ``zero`` stream; the first two at the
+step's start (in steady state the previous step's optimizer is done by then), chunk j + 1 at the
+forward where Megatron's interleaved schedule dispatches it on that rank (pipeline rank r: its
+forward number j x pp - r, when rank 0 begins chunk j; launched there in the rank's host order,
+which ``hardware_queues`` follows); the chunk's first forward waits for its chunk. Not modelled,
+each with its sign: Megatron without interleaving issues a pipeline rank's first bucket only when
+its first forward's input has arrived (simtrain: at the step's start, so on ranks after the first
+it hides more); the buckets within a chunk (simtrain's first forward waits for the whole
+chunk, Megatron's each layer only for its bucket, so a chunk of several buckets is more exposed in
+simtrain, and a one-rank run gains nothing); NeMo/Apex making the compute stream wait for chunk 0's
+gather at the step's start before dispatching chunk 1.
+Memory does not move: Megatron's distributed optimizer all-gathers into the parameter buffer that
+holds the 16-bit parameters all step, and simtrain counts that buffer in the static memory either way.
 """
 
 from __future__ import annotations
@@ -134,3 +169,67 @@ def add_param_gathers(low: Lowering) -> None:
                 add_delta(low.first[a], "start", rank, held)
                 add_delta(low.last[a], "end", rank, -held)
                 done.append(a)
+
+
+def zero12_gather(low: Lowering, rank: int, chunks) -> tuple[float, tuple[str, ...], float]:
+    """ZeRO-1/2's all-gather of the updated trainable parameters of ``chunks`` (chunk indices) on
+    ``rank``: dense over DP, routed experts over expert-DP, in the parameter dtype
+    (``costs.grad_bytes_per_param``), priced by :meth:`simtrain.network.Topology.seconds`.
+
+    Returns:
+        ``(seconds, resources, bytes)``: its duration, the engine ports of its DP route and the
+        bytes it gathers on the rank.
+    """
+    costs, topology = low.costs, low.topology
+    experts = sum(costs.chunks[c].expert_params for c in chunks) * costs.grad_bytes_per_param
+    dense = sum(costs.chunks[c].params - costs.chunks[c].frozen_params for c in chunks) * costs.grad_bytes_per_param
+    dense -= experts
+    gather = Collective("all-gather", "dp", dense)
+    seconds = topology.seconds(gather, rank)
+    if experts > 0:
+        seconds += topology.seconds(Collective("all-gather", "expert_dp", experts), rank)
+    return seconds, topology.route(gather, rank).resources, dense + experts
+
+
+def _forwards(low: Lowering, order) -> list[tuple[Action, Action | None]]:
+    """``(F, the action before it)`` for every forward in ``order`` (one rank's schedule order)."""
+    forwards, before = [], None
+    for act in order:
+        for a in act.parts:
+            if a.kind == "F" and a in low.first:
+                forwards.append((a, before))
+            before = a
+    return forwards
+
+
+def add_overlapped_param_gathers(low: Lowering) -> None:
+    """``overlap_param_gather``'s pass (ZeRO-1/2, dp > 1, training): one all-gather per chunk a rank
+    holds, on its ``zero`` stream, the chunk's first forward waiting for it (module docstring).
+    Pipeline rank r issues its first two chunks (in first-forward order) at the step's start and
+    chunk j >= 2 as it begins its forward number ``(j - 1) x pp - r`` (counted from 0; Megatron's
+    interleaved schedule dispatches at virtual microbatch ``v`` with ``v + r`` the first of chunk
+    j - 1, the moment rank 0 begins chunk j - 1), and never after its own first forward of chunk
+    j - 1. A rank without an optimizer step
+    (``costs.optimizer_s`` 0) gathers nothing, as in :func:`simtrain.lowering.comms.add_optimizer`."""
+    pp = low.schedule.num_ranks
+    for rank, order in enumerate(low.schedule.orders):
+        if low.costs.optimizer_s(low.held[rank]) <= 0:
+            continue
+        forwards = _forwards(low, order)
+        seen: dict[int, int] = {}  # chunk -> index of its first forward in ``forwards``
+        for i, (a, _) in enumerate(forwards):
+            seen.setdefault(low.schedule.chunk_of(a.stage), i)
+        firsts = list(seen.values())
+        for j, (chunk, i) in enumerate(seen.items()):
+            deps = []
+            if j >= 2:
+                k = min(max(0, (j - 1) * pp - rank), firsts[j - 1])
+                at, before = forwards[k]
+                deps = list(low.first[at].deps) + ([low.last[before].tid] if before in low.last else [])
+            a = forwards[i][0]
+            seconds, resources, nbytes = zero12_gather(low, rank, [chunk])
+            gather = low.graph.add(
+                name=f"zero param all-gather chunk {chunk}", rank=rank, category="comm", kind="zero",
+                stream="zero", duration_s=seconds, deps=deps, resources=resources, stage=a.stage, nbytes=nbytes,
+            )
+            low.first[a].deps.append(gather.tid)

@@ -44,7 +44,7 @@ KIND_NAMES = {
     "p2p": "p2p send/recv",
     "tp": "TP collectives",
     "dp": "DP gradient reduce",
-    "zero": "ZeRO-3 parameter all-gather",
+    "zero": "ZeRO parameter all-gather",
     "cp": "CP attention collectives (exposed)",
     "offload": "activation offload / reload (PCIe)",
     "a2a": "EP all-to-all",

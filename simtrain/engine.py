@@ -5,12 +5,18 @@ The engine knows tasks, streams, resources and memory deltas, nothing about sche
 * A :class:`Task` has a duration, dependencies (task ids), optionally a *stream* and optionally
   *resources*. Tasks of one ``(rank, stream)`` run one after another in the order the graph lists
   them (like a CUDA stream). Tasks with no stream start as soon as their dependencies are done.
-* Resources (link ports, NICs) have capacity 1. A task takes all of its resources at once, when
-  all are free, and holds them for its whole duration; waiting tasks are served first come, first
-  served, a later one going ahead only when everything it needs is free (no task holds one port
-  while it waits for another). Transfers that share a port therefore run one after the other: two
-  equal transfers that start together on one port end at T and 2T, where fair bandwidth sharing
-  would end both at 2T. The time a port is busy, and when the last transfer ends, are the same.
+* Resources (link ports, NICs) have capacity 1 unless their link is shared (below). A task takes
+  all of its resources at once, when all are free, and holds them for its whole duration; waiting
+  tasks are served first come, first served, a later one going ahead only when everything it
+  needs is free (no task holds one port while it waits for another). Transfers that share such a
+  port run one after the other: two equal transfers that start together end at T and 2T.
+* Shared links: the ports of the links named in ``TaskGraph.shared_links`` (a resource's link is
+  the part of its name before the first ``:``) are shared by the transfers using them at once
+  (:mod:`simtrain.link_share`): a transfer takes its other resources and, on each such port, the
+  capacity-1 lane of its kind (one communicator's transfers run in order), then progresses at
+  ``1 / n`` while ``n`` transfers use its most shared port; two equal transfers of different
+  kinds that start together both end at 2T. Where no two transfers use a port at once, the trace
+  is the one of capacity-1 ports.
 * Dispatch order: a task may name tasks it is *dispatched after* (``dispatch_after``). A task is
   dispatched at the instant its dependencies have ended, its stream has reached it and every task
   it is dispatched after has been dispatched; it then starts, at once or when its resources are
@@ -58,6 +64,7 @@ from heapq import heappop, heappush
 from simpy.events import NORMAL
 
 from .errors import SimtrainError
+from .link_share import LinkShare
 from .sharing import (STEP_BEGIN, STEP_ENDED, STEP_FINISH, STEP_START, STEP_TAKE, Clock, Due, Ports, SharedProcessors,
                       dispatch_links)
 from .trace import Trace
@@ -120,12 +127,15 @@ class TaskGraph:
             name -> a callable building the pool on the run's clock (an object with
             ``work(tid, seconds)`` that makes ``(STEP_FINISH, tid)`` due: e.g.
             :class:`simtrain.sm_share.SmShare`).
+        shared_links: link names whose ports share bandwidth among the transfers using them
+            (:mod:`simtrain.link_share`); the ports of other links are capacity-1 FIFO resources.
     """
 
     num_ranks: int
     tasks: list[Task] = field(default_factory=list)
     static_memory_bytes: list[float] = field(default_factory=list)
     pools: dict[str, float | Callable] = field(default_factory=dict)
+    shared_links: frozenset[str] = frozenset()
 
     def add(self, **kwargs) -> Task:
         """Append a task (keyword arguments of :class:`Task` except ``tid``) and return it."""
@@ -189,9 +199,11 @@ class _Run:
         self.waiters: list[list[int] | tuple | None] = [_NOBODY] * (2 * n if any(self.dispatched) else n)
         self.pending = [0] * n  # dependencies whose end (or dispatch) is not processed yet
         self.next_in_stream = [-1] * n  # the next task of its stream, -1 for none
-        self.ports = Ports(self.clock, {t.resources for t in self.tasks})
         self.pools = {name: spec(self.clock) if callable(spec) else SharedProcessors(self.clock, spec)
                       for name, spec in graph.pools.items()}
+        shared, self.holds = LinkShare.split(self.tasks, graph.shared_links, self.pools)  # holds: capacity-1 ones
+        self.links = LinkShare(self.clock, self.tasks, shared, self.pools)
+        self.ports = Ports(self.clock, set(self.holds))
         self.mem_log: list[int] = []  # tid: its mem_start applied, ~tid: its mem_end, in order
         self.order: list[int] = []  # tids in the order they ended
         self.start_s = [0.0] * n
@@ -220,6 +232,7 @@ class _Run:
     def run(self) -> None:
         """Run the steps :meth:`begin` queued until none is left, in the order the class docstring gives."""
         clock, fifo, tasks, ports, pools = self.clock, self.fifo, self.tasks, self.ports, self.pools
+        links, shared, holds = self.links, self.links.shared, self.holds
         env, queue, eid, popleft, push, now = clock.env, clock.queue, clock.eid, fifo.popleft, fifo.append, 0.0
         waiters, pending, nexts, nobody, deps_of, signals = self.waiters, self.pending, self.next_in_stream, _NOBODY, self.deps, self.dispatched
         start_s, end_s, ended, mem_log = self.start_s, self.end_s, self.order.append, self.mem_log.append
@@ -247,7 +260,7 @@ class _Run:
                     task = tasks[tid]
                     if task.mem_end:
                         mem_log(~tid)
-                    resources = task.resources
+                    resources = holds[tid]
                     if resources:
                         release(resources) if queues or ports.server_waits else busy.difference_update(resources)
                     end_s[tid] = now
@@ -283,12 +296,13 @@ class _Run:
                 if code == TAKE:  # dispatched: release who waits for that; take the resources at once if free, else queue
                     if signals[tid]:
                         push((ENDED, len(tasks) + tid))  # (its dispatch, id n + tid)
-                    resources = tasks[tid].resources
-                    if resources:
-                        if not busy.isdisjoint(resources):
-                            wait(resources, tid)
-                            break
-                        busy.update(resources)
+                    if tasks[tid].resources:
+                        resources = holds[tid]  # (of a transfer on shared ports: the rest, e.g. a hardware queue)
+                        if resources:
+                            if not busy.isdisjoint(resources):
+                                wait(resources, tid)
+                                break
+                            busy.update(resources)
                         if fifo:
                             push((START, tid))
                             break
@@ -300,7 +314,10 @@ class _Run:
                         mem_log(tid)
                     duration = task.duration_s
                     if duration > 0:
-                        if task.pool is not None:
+                        if tid in shared:
+                            clock.now = env._now = now
+                            links.work(tid, duration)
+                        elif task.pool is not None:
                             clock.now = env._now = now
                             pools[task.pool].work(tid, duration)
                         elif now + duration != now:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from .errors import ConfigWarning, SimtrainError, load_yaml_file, validate_model
-from .hardware_file import ComputeFile, Dtype, InterNodeLinkFile, ProfileFile  # noqa: F401 (Dtype and the file models re-exported)
+from .hardware_file import ComputeFile, Dtype, InterNodeLinkFile, LinkSharing, ProfileFile  # noqa: F401 (Dtype and the file models re-exported)
 
 PROFILE_DIR = Path(str(resources.files("simtrain").joinpath("hardware_profiles")))
 """The built-in profiles (package data)."""
@@ -64,6 +64,9 @@ class Link:
         alltoall_efficiency: achieved / nominal NIC bandwidth in NCCL's all-to-all (its send/recv
             pairs, one connection per peer), or None to use :attr:`collective_efficiency`
             (inter-node only; ``inter_node.alltoall_efficiency``, see :attr:`a2a_efficiency`).
+        sharing: how transfers that use one of this link's ports at once behave: ``"fair"`` (they
+            share its bandwidth, :mod:`simtrain.link_share`, the default: NCCL's communicators and
+            InfiniBand's queue pairs do) or ``"fifo"`` (one at a time, in arrival order).
     """
 
     name: str
@@ -76,6 +79,7 @@ class Link:
     nvls_efficiency: float | None = None
     nodes: int | None = None
     alltoall_efficiency: float | None = None
+    sharing: LinkSharing = "fair"
 
     @property
     def collective_efficiency(self) -> float:
@@ -290,6 +294,7 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
             peer_bandwidth_bytes_per_s=peer * GB,
             achieved_efficiency=intra.efficiency,
             nvls_efficiency=intra.nvls_efficiency,
+            sharing=intra.sharing,
         ),
         inter_node=Link(
             name=pf.inter_node.name,
@@ -301,6 +306,7 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
             achieved_efficiency=pf.inter_node.efficiency,
             nodes=pf.inter_node.nodes,
             alltoall_efficiency=pf.inter_node.alltoall_efficiency,
+            sharing=pf.inter_node.sharing,
         ),
         matmul_efficiency=eff.matmul,
         overlap_compute_factor=pf.overlap.compute_factor,
@@ -326,7 +332,8 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
         optimizer_bytes_per_s=comp.optimizer_gb_per_s * GB if comp.optimizer_gb_per_s else None,
         host_link=None if pf.pcie is None else Link(
             name=pf.pcie.name, bandwidth_bytes_per_s=pf.pcie.bandwidth_gb_per_s * GB, latency_s=pf.pcie.latency_us * US,
-            efficiency=pf.pcie.efficiency, peer_bandwidth_bytes_per_s=pf.pcie.bandwidth_gb_per_s * GB),
+            efficiency=pf.pcie.efficiency, peer_bandwidth_bytes_per_s=pf.pcie.bandwidth_gb_per_s * GB,
+            sharing=pf.pcie.sharing),
         fused_attention=pf.fused_attention,
     )
 

@@ -12,6 +12,8 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from .errors import NumbersNotBooleans, bounded
 
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8"]
+LinkSharing = Literal["fair", "fifo"]
+"""How transfers that use one link port at once behave (:mod:`simtrain.link_share`)."""
 
 
 # ----------------------------------------------------------------------------- file schema
@@ -52,6 +54,11 @@ class IntraNodeLinkFile(_Strict):
         default=None, gt=0, le=1, description="NVLink SHARP (in-switch reduction) available, at this fraction "
         "of the achieved NVLink bandwidth; absent = no NVLS (NCCL needs NVSwitch and sm90+)",
     )
+    sharing: LinkSharing = Field(
+        default="fair", description="transfers using one port of this link at once: fair (share its bandwidth, "
+        "as concurrent NCCL communicators and InfiniBand queue pairs do; simtrain.link_share) or fifo (one at a "
+        "time, in arrival order)",
+    )
 
 
 class InterNodeLinkFile(_Strict):
@@ -76,6 +83,11 @@ class InterNodeLinkFile(_Strict):
         "alltoall_perf across nodes; simtrain.collectives, simtrain.network); default the field efficiency above",
     )
     nodes: int | None = Field(default=None, ge=1, description="nodes in the cluster; bounds group sizes (optional)")
+    sharing: LinkSharing = Field(
+        default="fair", description="transfers using one port of this link at once: fair (share its bandwidth, "
+        "as concurrent NCCL communicators and InfiniBand queue pairs do; simtrain.link_share) or fifo (one at a "
+        "time, in arrival order)",
+    )
 
 
 class HostLinkFile(_Strict):
@@ -92,6 +104,11 @@ class HostLinkFile(_Strict):
     efficiency: float = Field(
         default=1.0, gt=0, le=1, description="achieved / nominal bandwidth of a pinned-memory copy (from a "
         "copy microbenchmark such as nvbandwidth); default 1: the datasheet figure",
+    )
+    sharing: LinkSharing = Field(
+        default="fair", description="transfers using one port of this link at once: fair (share its bandwidth, "
+        "as concurrent NCCL communicators and InfiniBand queue pairs do; simtrain.link_share) or fifo (one at a "
+        "time, in arrival order)",
     )
 
 

@@ -11,14 +11,17 @@ placement (:meth:`Topology.placement`). A p2p message is alpha-beta at its link 
 bandwidth. An EP all-to-all runs its NVLink and NIC parts at once at their achieved rates; when
 the EP group spans nodes the NVLink part is DeepEP's forwarding leg, capped at
 :data:`simtrain.deepep.FORWARD_CEILING_BYTES_PER_S`. Every duration holds the route's ports, so
-collectives still contend on them. The textbook ring (Thakur, Rabenseifner & Gropp 2005,
-"Optimization of Collective Communication Operations in MPICH", §2) below is kept for the
-calibration records that compare measurements with it.
+transfers contend on them (sharing their bandwidth or queueing, per the link's ``sharing``). The
+textbook ring (Thakur, Rabenseifner & Gropp 2005, "Optimization of Collective Communication
+Operations in MPICH", §2) below is kept for the calibration records that compare measurements
+with it.
 
 Communication is data: a :class:`Collective` names the operation, the parallel dimension of its
 group and the bytes; :meth:`Topology.route` says which link it takes and which engine ports it
-holds, :meth:`Topology.seconds` how long it takes, and :meth:`Topology.all_to_all` how an EP
-all-to-all splits over NVLink and the NICs. Nothing else in simtrain prices communication.
+holds, :meth:`Topology.shared_links` which links' ports are shared by the transfers on them at
+once (:mod:`simtrain.link_share`; the others serve one transfer at a time), :meth:`Topology.seconds`
+how long it takes, and :meth:`Topology.all_to_all` how an EP all-to-all splits over NVLink and the
+NICs. Nothing else in simtrain prices communication.
 """
 
 from __future__ import annotations
@@ -172,6 +175,21 @@ class Topology:
         if dst is None:
             return (f"{kind}:{src}:out", f"{kind}:{src}:in")
         return (f"{kind}:{src}:out", f"{kind}:{dst}:in")
+
+    def shared_links(self) -> frozenset[str]:
+        """The link names (the first part of a port name: ``nvlink``, ``nic``, ``pcie`` and the
+        all-to-all lanes ``nvlink-combine`` / ``nic-combine``) whose ports share bandwidth among the
+        transfers using them at once: those of the profile's links with ``sharing: fair``
+        (:attr:`simtrain.hardware.Link.sharing`, :mod:`simtrain.link_share`)."""
+        hw = self.hardware
+        names = []
+        if hw.intra_node.sharing == "fair":
+            names += ["nvlink", "nvlink-combine"]
+        if hw.inter_node.sharing == "fair":
+            names += ["nic", "nic-combine"]
+        if hw.host_link is not None and hw.host_link.sharing == "fair":
+            names.append("pcie")
+        return frozenset(names)
 
     def p2p(self, src: int, dst: int) -> Route:
         """Route of a point-to-point message from pipeline rank ``src`` to ``dst``.

@@ -62,23 +62,31 @@ class SmShare:
         """Task ``tid`` starts now with ``seconds`` of work (its duration at full speed); its
         finish is scheduled as the step ``(STEP_FINISH, tid)``."""
         now = self.clock.now
-        taken = self.takers.get(tid)
-        if taken is not None:  # a taker: fixed duration; the compute running now slows down
-            if self.running:  # (without compute to slow, the ended takers are dropped later)
-                self._advance(now)
+        if tid in self.takers:  # a taker: fixed duration; the compute running now slows down
             self._schedule(tid, seconds)
-            end = now + seconds
-            self.running_takers.append((end, taken))
-            if end > self.busy_until:
-                self.busy_until = end
-            for task, state in self.running.items():
-                self._replan(task, state, now)
+            self.take(tid, seconds)
             return
         if now >= self.busy_until:  # no SM taken: exactly the engine's own scheduling of the task
             self.running[tid] = [seconds, now, now + seconds, self._schedule(tid, seconds)]
             return
         finish = self._finish_time(tid, seconds, now)
         self.running[tid] = [seconds, now, finish, self._schedule(tid, finish - now)]
+
+    def take(self, tid: int, seconds: float) -> None:
+        """Taker ``tid`` holds its SMs from now for ``seconds``; the compute running now is
+        re-planned. :meth:`work` makes the taker's finish due; a transfer whose finish another
+        model decides (a shared link, :mod:`simtrain.link_share`) calls this alone, with its
+        duration on free links: if sharing stretches it, its SMs count as free again from that
+        unshared end on (a simplification: NCCL's CTAs stay until the kernel ends)."""
+        now = self.clock.now
+        if self.running:  # (without compute to slow, the ended takers are dropped later)
+            self._advance(now)
+        end = now + seconds
+        self.running_takers.append((end, self.takers[tid]))
+        if end > self.busy_until:
+            self.busy_until = end
+        for task, state in self.running.items():
+            self._replan(task, state, now)
 
     # ------------------------------------------------------------------ rates and plans
     def _taken_at(self, t: float) -> int:

@@ -82,7 +82,8 @@ def _lower(schedule: Schedule, costs: StageCosts, topology: Topology, comm: bool
     """:func:`lower` (with the garbage collector off)."""
     held = [{schedule.chunk_of(s) for s in schedule.stages_of(r)} for r in range(schedule.num_ranks)]
     low = Lowering(
-        schedule, costs, topology, comm, waves, TaskGraph(num_ranks=schedule.num_ranks),
+        schedule, costs, topology, comm, waves,
+        TaskGraph(num_ranks=schedule.num_ranks, shared_links=topology.shared_links()),
         chunk=[costs.chunks[schedule.chunk_of(s)] for s in range(schedule.num_stages)], held=held,
     )
     low.graph.static_memory_bytes = [costs.static_bytes(h) + costs.recv_buffer_bytes(h) for h in held]

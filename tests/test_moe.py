@@ -148,7 +148,10 @@ def test_ep_places_stages_outermost_so_an_ep_group_fills_whole_nodes():
 
 def test_expert_gradients_are_reduced_over_the_expert_dp_group():
     par = ParallelConfig(pp=2, dp=32, ep=16, microbatches=2, dp_buckets=1)
-    run = run_schedule("1f1b", tiny_moe(), H800, par)
+    # FIFO links: the reduction's trace interval is then its priced time (shared, the all-to-alls
+    # and sends beside it on the NIC stretch it: simtrain.link_share)
+    fifo = replace(H800, inter_node=replace(H800.inter_node, sharing="fifo"))
+    run = run_schedule("1f1b", tiny_moe(), fifo, par)
     ch = run.costs.chunks[1]
     dp = run.result.trace[(run.result.trace["kind"] == "dp") & (run.result.trace["rank"] == 1)]
     topo = Topology(H800, par)
@@ -222,8 +225,9 @@ def test_waves_split_experts_and_bytes_and_shorten_the_step():
     t = waved.result.trace
     assert waved.report.step_time_s < 0.95 * serial.report.step_time_s
     assert waved.report.exposed_a2a_s < 0.7 * serial.report.exposed_a2a_s
-    # dispatch and combine share the ports: a rank's a2a transfers on one port never overlap
-    port = t[t["resources"].str.contains("nvlink:1:out")].sort_values("start_s")
+    # dispatch and combine share the ports: a rank's a2a transfers on one port never overlap (one
+    # communicator's lane; a p2p send on the port shares it with them, simtrain.link_share)
+    port = t[(t["kind"] == "a2a") & t["resources"].str.contains("nvlink:1:out")].sort_values("start_s")
     assert (port["start_s"].to_numpy()[1:] >= port["end_s"].to_numpy()[:-1] - 1e-15).all()
     separate = run_schedule("1f1b+waved-ep", model, H800, par.model_copy(update={"a2a_links": "separate"}))
     assert separate.report.step_time_s < waved.report.step_time_s

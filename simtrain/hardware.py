@@ -64,9 +64,10 @@ class Link:
         alltoall_efficiency: achieved / nominal NIC bandwidth in NCCL's all-to-all (its send/recv
             pairs, one connection per peer), or None to use :attr:`collective_efficiency`
             (inter-node only; ``inter_node.alltoall_efficiency``, see :attr:`a2a_efficiency`).
-        sharing: how transfers that use one of this link's ports at once behave: ``"fair"`` (they
-            share its bandwidth, :mod:`simtrain.link_share`, the default: NCCL's communicators and
-            InfiniBand's queue pairs do) or ``"fifo"`` (one at a time, in arrival order).
+        sharing: how transfers that use one of this link's ports at once behave: ``"fifo"`` (one
+            at a time, in arrival order; the default for now) or ``"fair"`` (transfers of different
+            kinds share its bandwidth, :mod:`simtrain.link_share`: NCCL's communicators and
+            InfiniBand's queue pairs do).
     """
 
     name: str
@@ -79,7 +80,7 @@ class Link:
     nvls_efficiency: float | None = None
     nodes: int | None = None
     alltoall_efficiency: float | None = None
-    sharing: LinkSharing = "fair"
+    sharing: LinkSharing = "fifo"
 
     @property
     def collective_efficiency(self) -> float:

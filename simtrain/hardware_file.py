@@ -55,9 +55,9 @@ class IntraNodeLinkFile(_Strict):
         "of the achieved NVLink bandwidth; absent = no NVLS (NCCL needs NVSwitch and sm90+)",
     )
     sharing: LinkSharing = Field(
-        default="fair", description="transfers using one port of this link at once: fair (share its bandwidth, "
-        "as concurrent NCCL communicators and InfiniBand queue pairs do; simtrain.link_share) or fifo (one at a "
-        "time, in arrival order)",
+        default="fifo", description="transfers using one port of this link at once: fifo (one at a time, in "
+        "arrival order; the default until the suite's duration checks are moved) or fair (transfers of different "
+        "kinds share its bandwidth, as concurrent NCCL communicators and InfiniBand queue pairs do; simtrain.link_share)",
     )
 
 
@@ -84,9 +84,9 @@ class InterNodeLinkFile(_Strict):
     )
     nodes: int | None = Field(default=None, ge=1, description="nodes in the cluster; bounds group sizes (optional)")
     sharing: LinkSharing = Field(
-        default="fair", description="transfers using one port of this link at once: fair (share its bandwidth, "
-        "as concurrent NCCL communicators and InfiniBand queue pairs do; simtrain.link_share) or fifo (one at a "
-        "time, in arrival order)",
+        default="fifo", description="transfers using one port of this link at once: fifo (one at a time, in "
+        "arrival order; the default until the suite's duration checks are moved) or fair (transfers of different "
+        "kinds share its bandwidth, as concurrent NCCL communicators and InfiniBand queue pairs do; simtrain.link_share)",
     )
 
 
@@ -106,9 +106,9 @@ class HostLinkFile(_Strict):
         "copy microbenchmark such as nvbandwidth); default 1: the datasheet figure",
     )
     sharing: LinkSharing = Field(
-        default="fair", description="transfers using one port of this link at once: fair (share its bandwidth, "
-        "as concurrent NCCL communicators and InfiniBand queue pairs do; simtrain.link_share) or fifo (one at a "
-        "time, in arrival order)",
+        default="fifo", description="transfers using one port of this link at once: fifo (one at a time, in "
+        "arrival order; the default until the suite's duration checks are moved) or fair (transfers of different "
+        "kinds share its bandwidth, as concurrent NCCL communicators and InfiniBand queue pairs do; simtrain.link_share)",
     )
 
 

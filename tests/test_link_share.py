@@ -231,10 +231,10 @@ def _profile(tmp_path, **sharing):
 
 def test_the_profile_says_which_links_share(tmp_path):
     par = ParallelConfig(pp=4, dp=2, microbatches=8)
-    assert Topology(load_profile("h100-sxm"), par).shared_links() == {"nvlink", "nvlink-combine", "nic", "nic-combine",
-                                                                      "pcie"}
-    assert Topology(_profile(tmp_path, inter_node="fifo", pcie="fifo"), par).shared_links() == {"nvlink",
-                                                                                                "nvlink-combine"}
+    assert Topology(load_profile("h100-sxm"), par).shared_links() == set()  # fifo, the default for now
+    fair = _profile(tmp_path, intra_node="fair", inter_node="fair", pcie="fair")
+    assert Topology(fair, par).shared_links() == {"nvlink", "nvlink-combine", "nic", "nic-combine", "pcie"}
+    assert Topology(_profile(tmp_path, intra_node="fair"), par).shared_links() == {"nvlink", "nvlink-combine"}
     with pytest.raises(SimtrainError, match=r"p.yaml: field 'intra_node.sharing' = 'fast'.*'fair'.*'fifo'"):
         _profile(tmp_path, intra_node="fast")
 
@@ -245,8 +245,8 @@ def test_a_pipeline_send_no_longer_waits_for_a_whole_dp_reduction(tmp_path):
     # it runs beside it, so the step is shorter and no send starts later than its backward allows
     model = tiny_model(layers=8, hidden_size=2048, ffn_hidden_size=8192, num_heads=16, seq_len=2048)
     par = ParallelConfig(pp=4, tp=8, dp=2, microbatches=8, dp_buckets=1)
-    fair = run_schedule("1f1b", model, load_profile("h100-sxm"), par)
-    fifo = run_schedule("1f1b", model, _profile(tmp_path, inter_node="fifo"), par)
+    fair = run_schedule("1f1b", model, _profile(tmp_path, inter_node="fair"), par)
+    fifo = run_schedule("1f1b", model, load_profile("h100-sxm"), par)
     sends = fifo.result.trace[fifo.result.trace["kind"] == "p2p"]
     assert sends["resources"].str.startswith("nic").all()  # the sends cross nodes, on the NIC
     assert fair.report.step_time_s < fifo.report.step_time_s

@@ -154,7 +154,7 @@ def compare(
     if job and choice.model == "ops":  # what the job implies for the per-operator model only
         st = replace(st, parallel=job.for_cost_model(st.parallel, choice.model, st.hardware))
         choice = replace(choice, fp8=choice.fp8 or job.fp8)
-    check_kernels(choice, st.parallel)
+    check_kernels(choice, st.parallel, {k for k, v in overrides.items() if v is not None})
     check_dtype(st.hardware, st.parallel, choice.model == "ops", "dtype" not in st.parallel.model_fields_set, st.name)
     if breakdown is not None and choice.model != "ops":
         raise SimtrainError(f"--breakdown = {breakdown}: needs the per-operator cost model (--cost-model ops)")

@@ -1,0 +1,150 @@
+"""Review 11's behaviour items: per-operator-only settings refused or warned about under the flat
+model (item 2), the planner's ZeRO-2/3 (item 8), validate's memory columns (item 9) and the
+--breakdown table's bytes and HFU (item 11)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from simtrain.errors import SimtrainError
+from simtrain.schedules import ScheduleWarning
+
+from conftest import invoke
+
+_SCENARIO = """model: llama3-8b
+hardware: h100-sxm
+parallel: {{tp: 8, pp: 1, dp: 1, microbatches: 2, seq_len: 2048, {setting}}}
+schedules: [1f1b]
+"""
+
+
+@pytest.mark.parametrize("setting, field", [("fused_projections: false", "fused_projections"),
+                                            ("attention_kernel: fa3", "attention_kernel"),
+                                            ("kernels: eager", "kernels")])
+def test_a_scenario_field_only_the_per_operator_model_prices_is_a_warning_under_flat(tmp_path, setting, field):
+    """README "Settings that do not apply": under the flat model a scenario file's setting of the
+    per-operator model is ignored with a warning naming the file's field (same mechanism for
+    fused_projections, attention_kernel and kernels), and the run is the flat run without it."""
+    path = tmp_path / "s.yaml"
+    path.write_text(_SCENARIO.format(setting=setting))
+    res = invoke("compare", str(path), "--cost-model", "flat", "--json")
+    assert res.exit_code == 0, res.output
+    assert f"s.yaml: field 'parallel.{field}' = " in res.stderr and " is ignored: " in res.stderr, res.stderr
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(_SCENARIO.format(setting="").replace(", }", "}"))
+    ref = invoke("compare", str(plain), "--cost-model", "flat", "--json")
+    assert ref.exit_code == 0, ref.output
+    assert json.loads(res.stdout)[0]["step_time_s"] == json.loads(ref.stdout)[0]["step_time_s"]
+    ops = invoke("compare", str(path), "--cost-model", "ops", "--json")  # the per-operator model prices it
+    assert ops.exit_code == 0 and "ignored" not in ops.stderr, ops.output
+
+
+def test_on_a_profile_without_kernel_tables_the_files_setting_is_a_warning_and_the_flag_an_error(tmp_path):
+    """h100-pcie has no kernel tables (auto runs the flat model): the file's ``kernels: eager`` is
+    ignored with a warning naming the field (review 10 made it name the field; review 11: the
+    README's rule makes a file's idle setting a warning), the same setting as a flag an error."""
+    path = tmp_path / "s.yaml"
+    path.write_text(_SCENARIO.format(setting="kernels: eager").replace("h100-sxm", "h100-pcie"))
+    res = invoke("compare", str(path), "--json")
+    assert res.exit_code == 0 and "s.yaml: field 'parallel.kernels' = 'eager' is ignored: prices the" in res.stderr
+    flag = invoke("compare", str(path), "--kernels", "eager", "--json")
+    assert flag.exit_code == 2 and flag.output.count("error:") == 1 and "error: --kernels eager: prices the" in flag.output
+
+
+def test_the_api_refuses_fused_projections_where_nothing_prices_it():
+    import simtrain
+
+    common = dict(model="llama3-8b", hardware="h100-sxm", tp=8, schedule="1f1b", fused_projections=False)
+    for extra, needle in [(dict(cost_model="flat"), "fused_projections=False: prices separate projection GEMMs"),
+                          (dict(op_times=(1, 1, 1)), "fused_projections=False: changes only the compute cost")]:
+        with pytest.raises(SimtrainError) as exc:
+            simtrain.simulate(**common, **extra)
+        assert str(exc.value).startswith(needle) and "--" not in str(exc.value).split(":")[0], exc.value
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScheduleWarning)
+        fused = simtrain.simulate(**{**common, "fused_projections": True})
+        separate = simtrain.simulate(**common)  # the per-operator model (auto on h100-sxm) prices it
+    assert separate.step_time_s > fused.step_time_s
+
+
+def test_a_torchtitan_job_runs_under_the_flat_model_without_its_projection_setting(tmp_path):
+    """--from-torchtitan implies separate projections for the per-operator model only (like its
+    kernels), so the flat model runs the job instead of refusing a setting the user never typed."""
+    from pathlib import Path
+
+    job = Path(__file__).parent / "data" / "jobs" / "torchtitan_llama3_70b.toml"
+    res = invoke("compare", "--from-torchtitan", str(job), "--hardware", "h100-sxm", "--dp", "1",
+                 "--cost-model", "flat", "--json")
+    assert res.exit_code == 0, res.output
+    assert "flat cost model runs here" not in res.stderr  # neither its kernels nor its projections refused
+    assert "with the per-operator cost model: kernels eager, fused_projections False" in res.stderr
+
+
+_PLAN = ["--model", "llama3-8b", "--hardware", "h100-sxm", "--gpus", "16", "--global-batch", "32",
+         "--seq-len", "2048", "--recompute", "full", "--workers", "2", "--json"]
+
+
+def test_plan_searches_zero_3_with_compares_step_and_memory():
+    """plan --zero-stages 2,3: every ranked row has the step time and worst-rank peak that compare
+    gives the same layout (same lowering), DualPipe is pruned by the schedule rule the lowering
+    applies, and ZeRO-3 holds less than ZeRO-1 on the same layout."""
+    res = invoke("plan", *_PLAN, "--schedules", "1f1b,interleaved-1f1b,dualpipe", "--zero-stages", "2,3", "--top", "2")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["pruned"]["schedule_rules"] > 0 and data["pruned"]["simulation_error"] == 0
+    assert {r["zero_stage"] for r in data["top"]} <= {2, 3} and any(r["zero_stage"] == 3 for r in data["top"])
+    for row in data["top"]:
+        flags = [x for k in ("tp", "pp", "dp", "vp", "microbatches", "microbatch_size", "recompute")
+                 for x in (f"--{k.replace('_', '-')}", str(row[k]))]
+        common = ["compare", "--model", "llama3-8b", "--hardware", "h100-sxm", "--seq-len", "2048",
+                  "--schedules", row["schedule"], *flags, "--json"]
+        same = invoke(*common, "--zero-stage", str(row["zero_stage"]))
+        assert same.exit_code == 0, same.output
+        cmp = json.loads(same.stdout)[0]
+        assert row["step_time_s"] == cmp["step_time_s"] and row["peak_memory_bytes_max"] == max(cmp["peak_memory_bytes"])
+        if row["zero_stage"] == 3:
+            one = json.loads(invoke(*common, "--zero-stage", "1").stdout)[0]
+            assert max(one["peak_memory_bytes"]) > row["peak_memory_bytes_max"]
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+@pytest.mark.parametrize("name", ["1f1b", "interleaved-1f1b", "zbv", "gpipe"])
+def test_planner_bounds_hold_under_zero_2_and_3(name, zero):
+    """The screening and refined bounds (step and memory) stay below the simulation with sharded
+    gradients (and parameters), under both cost models, so pruning ZeRO-2/3 points is safe."""
+    from simtrain.cost_models import CostChoice
+    from simtrain.hardware import load_profile
+    from simtrain.plan import Config, PlanRequest, _Caches, _refine, _screen
+    from simtrain.plan_backends import evaluate
+    from simtrain.plan_bounds import memory_bound
+    from simtrain.schedules import REGISTRY
+
+    from conftest import tiny_model
+
+    vp = 2 if REGISTRY[name].uses_vp else 1
+    for cost in (CostChoice("flat"), CostChoice("ops")):
+        cfg = Config(2, 2, 4, 1, vp, name, 1, 8, "none", zero)
+        req = PlanRequest(tiny_model(layers=16), load_profile("h100-sxm"), gpus=cfg.gpus, global_batch=32,
+                          seq_len=512, schedules=(name,), cost=cost, zero_stages=(zero,))
+        caches = _Caches(req)
+        reason, screen, msg = _screen(req, caches, cfg)
+        assert reason is None, msg
+        reason, refined, msg = _refine(req, caches, cfg)
+        assert reason is None, msg
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ScheduleWarning)
+            _, row, error = evaluate(req.model, req.hardware, req.seq_len, cfg, req.cost)
+        assert error is None, error
+        assert 0 < screen <= row["step_time_s"] * (1 + 1e-9) and 0 < refined <= row["step_time_s"] * (1 + 1e-9)
+        shapes = caches.shape(cfg)
+        costs = caches.aggregated(cfg, max(c for sh in shapes for c in sh.chunks) + 1)
+        assert 0 < memory_bound(shapes, costs) <= row["peak_memory_bytes_max"] * (1 + 1e-9)
+
+
+def test_plan_refuses_a_zero_stage_it_cannot_lower():
+    res = invoke("plan", *_PLAN, "--zero-stages", "4")
+    assert res.exit_code == 2 and res.output.count("error:") == 1
+    assert "'4' is not one of ['0', '1', '2', '3']" in res.output

@@ -148,3 +148,24 @@ def test_plan_refuses_a_zero_stage_it_cannot_lower():
     res = invoke("plan", *_PLAN, "--zero-stages", "4")
     assert res.exit_code == 2 and res.output.count("error:") == 1
     assert "'4' is not one of ['0', '1', '2', '3']" in res.output
+
+
+def test_a_per_rank_memory_figure_and_the_max_peak_column_are_told_apart():
+    """Review 11 item 9: R3's "Interleaved1F1B rank 7" figure predicts rank 7's peak, and the row's
+    memory field is the busiest rank's (named ``peak_memory_gib_max``, column ``max peak/HBM GiB``),
+    so the two differ where rank 7 is not the busiest and never the other way round."""
+    from rich.console import Console
+
+    from simtrain.costs.ops import published_runtime
+    from simtrain.published import rows_table, run_suite
+
+    rows = run_suite(published_runtime, cases=["R3-torchtitan-llama3-8b-pp8"])
+    memory = [r for r in rows if r.metric == "peak_memory_gib"]
+    assert memory and all(r.predicted <= r.peak_memory_gib_max * (1 + 1e-12) for r in memory)
+    rank7 = next(r for r in memory if r.label == "Interleaved1F1B rank 7")
+    assert rank7.predicted < rank7.peak_memory_gib_max
+    rank0 = next(r for r in memory if r.label == "Interleaved1F1B rank 0")
+    assert rank0.peak_memory_gib_max == rank7.peak_memory_gib_max  # the same step: one busiest rank
+    console = Console(record=True, width=200)
+    console.print(rows_table(rows, "t"))
+    assert "max peak/HBM GiB" in console.export_text()

@@ -169,3 +169,49 @@ def test_a_per_rank_memory_figure_and_the_max_peak_column_are_told_apart():
     console = Console(record=True, width=200)
     console.print(rows_table(rows, "t"))
     assert "max peak/HBM GiB" in console.export_text()
+
+
+def test_breakdown_shows_fused_attentions_bytes_and_grad_sum_is_priced_from_its_bytes(tmp_path):
+    """Review 11 item 11: the fused attention kernel's row carries the bytes of the tensors it must
+    move (F: Q, K, V, O and the fp32 log-sum-exp, from the shapes; its seconds still from the
+    measured rate, bound compute), and separate projections' grad_sum is a memory-bound kernel
+    whose I seconds are its I bytes at the HBM rate; the table prints I and W bytes."""
+    from simtrain.costs.ops import ops_runtime
+    from simtrain.hardware import load_profile
+    from simtrain.models import load_model
+    from simtrain.parallel import ParallelConfig
+
+    path = tmp_path / "s.yaml"
+    path.write_text(_SCENARIO.format(setting="fused_projections: false"))
+    res = invoke("compare", str(path), "--breakdown", "0", "--json", "--out", str(tmp_path / "c.html"))
+    assert res.exit_code == 0, res.output
+    ops = {o["name"]: o for o in json.loads(res.stdout)["breakdown"]["operators"]}
+    m = load_model("llama3-8b")
+    tokens, heads, kv, d, layers = 2048, m.num_heads / 8, m.kv_heads / 8, m.hidden_size // m.num_heads, m.num_layers
+    q = o = tokens * heads * d * 2  # bf16
+    k_v = tokens * kv * 2 * d * 2
+    att = ops["attention"]
+    assert att["bound"] == "compute" and att["bytes"][0] == pytest.approx(layers * (q + k_v + o + tokens * heads * 4))
+    assert att["bytes"][1] > att["bytes"][0] and att["bytes"][2] == 0
+    grad_sum = ops["grad_sum"]
+    hbm = ops_runtime(m, ParallelConfig(tp=8), load_profile("h100-sxm")).ctx.hbm_bytes_per_s
+    # qkv's three input gradients summed into one, w1's and w3's two into one: n + 1 tensors of tokens x h
+    assert grad_sum["bytes"][1] == pytest.approx(layers * (4 + 3) * tokens * m.hidden_size * 2)
+    assert grad_sum["seconds"][1] == pytest.approx(grad_sum["bytes"][1] / hbm) and grad_sum["bound"] == "memory"
+    text = invoke("compare", str(path), "--breakdown", "0", "--out", str(tmp_path / "d.html"))
+    header = next(line for line in text.stdout.splitlines() if "F GFLOP" in line)
+    assert "I MB" in header and "W MB" in header
+
+
+def test_the_moe_summary_table_keeps_the_hfu_column(tmp_path):
+    """Review 11 item 11: with expert parallelism the terminal summary adds the all-to-all columns
+    and still shows HFU (it was dropped for width)."""
+    model = tmp_path / "moe.yaml"
+    model.write_text("name: tiny-moe\nnum_layers: 2\nhidden_size: 1024\nffn_hidden_size: 4096\nnum_heads: 8\n"
+                     "vocab_size: 32000\nseq_len: 1024\nactivation: swiglu\nnorm: rmsnorm\n"
+                     "moe: {num_experts: 8, top_k: 2, expert_ffn_hidden_size: 1024}\n")
+    res = invoke("compare", "--model", str(model), "--hardware", "h100-sxm", "--ep", "8", "--dp", "8",
+                 "--microbatches", "1", "--schedules", "1f1b", "--recompute", "full", "--out", str(tmp_path / "c.html"))
+    assert res.exit_code == 0, res.output
+    header = next(line for line in res.stdout.splitlines() if "MFU" in line)
+    assert "a2a (ms)" in header and "HFU" in header

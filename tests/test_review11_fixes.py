@@ -215,3 +215,34 @@ def test_the_moe_summary_table_keeps_the_hfu_column(tmp_path):
     assert res.exit_code == 0, res.output
     header = next(line for line in res.stdout.splitlines() if "MFU" in line)
     assert "a2a (ms)" in header and "HFU" in header
+
+
+def test_every_second_mm_stores_what_torchs_selective_checkpoint_stores_under_tp_and_sp():
+    """Review 11 item 10: under TP 8 with sequence parallelism torchtitan's every-second-mm policy
+    frees little, because w2's mm output, saved as the 7th mm, is the row-parallel layer's unreduced
+    partial sum (``Partial(sum)``, the whole hidden size per token) and its reduce-scatter output is
+    saved too. torch's own selective checkpoint, run on torchtitan's block and TP plan (fake process
+    group, tests/data/sac_tp_saved.py), stores exactly simtrain's count per token: the saved outputs
+    plus the block input the checkpoint keeps (this rank's sequence shard)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("torch", reason="torch is the calibrate extra, which make .venv/.test installs")
+    from simtrain.costs.recompute import every_second_mm_stored_bytes
+    from simtrain.models import ModelSpec
+
+    tp, s, h, heads, kv, ffn = 8, 64, 512, 16, 8, 1024
+    script = Path(__file__).parent / "data" / "sac_tp_saved.py"
+    out = subprocess.run([sys.executable, str(script), *map(str, (tp, s, h, heads, kv, ffn))], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    saved = json.loads(out.stdout)
+    partial = [r for r in saved if r["placement"].startswith("P")]
+    assert len(partial) == 1 and partial[0]["elements_per_token"] == h  # w2's output, whole
+    assert sum(r["op"].startswith("_c10d_functional.reduce_scatter") for r in saved) == 2
+    elem = 4  # the script runs in fp32 (the log-sum-exp is fp32 in any dtype)
+    measured = elem * (sum(r["elements_per_token"] for r in saved) + h / tp)
+    model = ModelSpec(name="block", num_layers=1, hidden_size=h, ffn_hidden_size=ffn, num_heads=heads,
+                      num_kv_heads=kv, vocab_size=1000, seq_len=s)
+    assert every_second_mm_stored_bytes(model, 0, tp, True, elem) == pytest.approx(measured, rel=1e-12)

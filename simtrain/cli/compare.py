@@ -409,7 +409,7 @@ def _print_summary(reports: list[Report], subtitle: str) -> None:
 
     from ..viz.tables import summary_columns
 
-    table = Table(title=subtitle)
+    table = Table(title=subtitle, collapse_padding=True)  # one space between columns: the EP columns fit too
     cols = [c for c in summary_columns(reports) if c.cli is not None]
     for c in cols:
         table.add_column(c.cli, justify="left" if c.key == "schedule" else "right", no_wrap=c.key == "schedule")

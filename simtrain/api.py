@@ -276,6 +276,7 @@ def compare(
         check_simplified("op_times" if op_times else None, None if comm else "comm=False",
                          {"--cost-model": None if cost_model == "auto" else cost_model, "--recompute": modules,
                           "--fp8": fp8, "--attention-kernel": options.get("attention_kernel"),
+                          "--fused-projections": False if options.get("fused_projections") is False else None,
                           "--kernels": "compiled-blocks" if options.get("kernels") == "compiled-blocks" else None,
                           "--tp-overlap": options.get("tp_overlap") or None,
                           "--tp-overlap-fraction": options.get("tp_overlap_fraction")}, argument_name)

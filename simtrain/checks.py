@@ -383,7 +383,8 @@ def check_simplified(fixed_times: str | None, free_comm: str | None, typed: dict
             ``--recompute`` operator lists (memory is kept as for ``none``; only I is priced),
             ``--fp8``, ``--breakdown``, ``--attention-kernel``, ``--kernels`` (given only where it
             moves durations alone: ``compiled-blocks``; ``eager`` also sets the stored
-            activations), ``--tp-overlap`` and ``--tp-overlap-fraction``.
+            activations), ``--fused-projections`` (the API's ``fused_projections=False``; no flag),
+            ``--tp-overlap`` and ``--tp-overlap-fraction``.
 
         name: how a message names a setting from its field and value (None: the flag, as typed;
             the Python API passes :func:`simtrain.api.argument_name`).
@@ -395,7 +396,8 @@ def check_simplified(fixed_times: str | None, free_comm: str | None, typed: dict
         return f"{flag} {value}" if name is None else name(flag.lstrip("-").replace("-", "_"), value)
 
     if fixed_times is not None:
-        for flag in ("--cost-model", "--recompute", "--fp8", "--breakdown", "--attention-kernel", "--kernels"):
+        for flag in ("--cost-model", "--recompute", "--fp8", "--breakdown", "--attention-kernel", "--kernels",
+                     "--fused-projections"):
             if typed.get(flag) is not None:
                 raise SimtrainError(f"{said(flag, typed[flag])}: changes only the compute cost model's durations, and "
                                     f"{fixed_times} fixes every duration; drop one of them")

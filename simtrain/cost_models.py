@@ -139,21 +139,42 @@ def parse_cost_choice(cost_model: str, modules: str | None, fp8: str | None, att
     return CostChoice(chosen, modules, fp8, attention, name)
 
 
-def check_kernels(choice: CostChoice, parallel) -> None:
-    """Refuse ``kernels: eager`` or ``compiled-blocks`` and ``attention_kernel`` where the flat model runs
-    (they choose the per-operator model's memory-bound operators and attention kernel only; every entry
-    point checks this, CLI and API alike).
+def check_kernels(choice: CostChoice, parallel, given: set[str] | None = None) -> None:
+    """Refuse the settings that choose only the per-operator model's kernels where the flat model
+    runs: ``kernels: eager`` or ``compiled-blocks`` (its memory-bound operators),
+    ``attention_kernel`` (its attention kernel) and ``fused_projections: false`` (its separate
+    projection GEMMs, :mod:`simtrain.costs.projections`). Every entry point checks this, CLI and
+    API alike; as README's "Settings that do not apply" says, a setting typed as a flag or an API
+    argument is an error, the same setting read from a scenario file a warning (the file may serve
+    another cost model or profile) and then ignored.
+
+    Args:
+        choice: the cost model that runs (``choice.name`` names a setting: the flag, the API's
+            argument or the file's field).
+        parallel: the :class:`simtrain.parallel.ParallelConfig` that runs.
+        given: the ``ParallelConfig`` fields typed as flags; None: every field was typed (the API).
 
     Raises:
-        SimtrainError: one line naming the setting (``choice.name``: the flag, or the file's field).
+        SimtrainError: one line naming the first such typed setting.
+
+    Warns:
+        ScheduleWarning: for each such setting from a scenario file.
     """
+    if choice.model == "ops":
+        return
     ops = f"({choice.name('cost_model', 'ops')}, on a profile with kernel tables)"
-    if parallel.kernels != "fused" and choice.model != "ops":
-        raise SimtrainError(f"{choice.name('kernels', parallel.kernels)}: prices the per-operator model's memory-bound operators, "
-                            f"and the flat cost model runs here {ops}")
-    if parallel.attention_kernel is not None and choice.model != "ops":
-        raise SimtrainError(f"{choice.name('attention_kernel', parallel.attention_kernel)}: prices attention from the per-operator "
-                            f"model's measured kernel tables, and the flat cost model runs here {ops}")
+    for field, idle, what in (
+            ("kernels", parallel.kernels != "fused", "prices the per-operator model's memory-bound operators"),
+            ("attention_kernel", parallel.attention_kernel is not None,
+             "prices attention from the per-operator model's measured kernel tables"),
+            ("fused_projections", not parallel.fused_projections,
+             "prices separate projection GEMMs and their summed input gradients by operator")):
+        if not idle:
+            continue
+        said, why = choice.name(field, getattr(parallel, field)), f"{what}, and the flat cost model runs here {ops}"
+        if given is None or field in given:
+            raise SimtrainError(f"{said}: {why}")
+        warnings.warn(f"{said} is ignored: {why}", ScheduleWarning, stacklevel=2)
 
 
 def stage_breakdown(run: ScheduleRun, runtime, stage: int) -> dict:

@@ -42,7 +42,7 @@ __all__ = ["MICROBATCH_SIZES", "VIRTUAL_STAGES", "REASONS", "Config", "PlanReque
 REASONS = ("batch_divisibility", "redundant", "model_rules", "schedule_rules", "task_ceiling", "static_memory",
            "activation_memory", "step_time_bound", "simulation_error")
 """Why a configuration was not simulated, in the order tried: the global batch is not ``dp x b x m``; redundant
-(ZeRO-1 over one replica is ZeRO-0, interleaving on one pipeline rank runs its chunks in turn, Megatron's combined
+(ZeRO-1, 2 or 3 over one replica is ZeRO-0, interleaving on one pipeline rank runs its chunks in turn, Megatron's combined
 1F1B without EP has nothing to overlap, on one pipeline rank every pipeline order is one sequence: 1F1B's stands
 for them); the model cannot be split so (heads, layers, experts); the schedule's
 generator refuses (pp, m, vp); its simulation is estimated above the task ceiling (``max_tasks``, as ``compare``
@@ -67,7 +67,10 @@ class PlanRequest:
         max_tp: largest tensor-parallel degree (default: GPUs per node).
         recompute: recomputation modes to try: levels (none, selective, full) or module lists, as
             ``compare --recompute`` takes them (a module list needs the per-operator cost model).
-        zero_stages: ZeRO stages to try.
+        zero_stages: ZeRO stages to try (0 to 3; 2 and 3 shard gradients, and 3 parameters, as
+            ``compare --zero-stage`` lowers them: :mod:`simtrain.lowering.zero`). A stage above 0
+            over one data-parallel replica is ``redundant``; 2 and 3 with a schedule that keeps two
+            copies of a chunk (DualPipe) break ``schedule_rules``.
         top: how many of the best to keep (K).
         cost: the compute cost model of the simulations and the bounds; None: compare's default, ``auto``.
         max_tasks: a configuration estimated above this many simulated tasks is pruned
@@ -80,7 +83,8 @@ class PlanRequest:
     Raises:
         SimtrainError: ``cost`` cannot run on ``model`` / ``hardware``, or sets ``recompute`` (give
             module lists in ``recompute``); a bad module list, or one on the flat cost model;
-            ``max_tasks`` is not a whole number >= 1; ``grad_reduce_dtype`` is none of those.
+            ``max_tasks`` is not a whole number >= 1; ``grad_reduce_dtype`` is none of those;
+            ``zero_stages`` is empty or has a stage outside 0-3.
     """
 
     model: ModelSpec
@@ -100,6 +104,8 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         check_max_tasks(self.max_tasks, "PlanRequest.max_tasks")
+        if not self.zero_stages or not set(self.zero_stages) <= {0, 1, 2, 3}:
+            raise SimtrainError(f"--zero-stages = {','.join(map(str, self.zero_stages))!r}: give ZeRO stages from 0 to 3")
         if self.grad_reduce_dtype not in (None, "bf16", "fp16", "fp32"):
             raise SimtrainError(f"--grad-reduce-dtype = {self.grad_reduce_dtype!r}: choose bf16, fp16 or fp32")
         cost = self.cost or parse_cost_choice("auto", None, None, self.hardware.attention_kernel(None),
@@ -120,7 +126,9 @@ class PlanRequest:
     @property
     def fit_advice(self) -> str:
         """When nothing fits: allow the memory-saving settings not tried yet (not the defaults), or more GPUs."""
-        untried = ["--recompute full"] * ("full" not in self.recompute) + ["--zero-stages 1"] * (1 not in self.zero_stages)
+        stages = sorted({*self.zero_stages, 1, 2, 3})
+        untried = ["--recompute full"] * ("full" not in self.recompute) + \
+            [f"--zero-stages {','.join(map(str, stages))}"] * (len(stages) > len(set(self.zero_stages)))
         return (f"allow {', '.join(untried)} or " if untried else "") + "use more GPUs"
 
     def parallel(self, cfg: Config) -> ParallelConfig:
@@ -292,6 +300,9 @@ def _screen(req: PlanRequest, caches: _Caches, cfg: Config) -> tuple[str | None,
     except ScheduleError as exc:
         return "schedule_rules", 0.0, str(exc)
     num_chunks = cfg.pp * per_rank
+    if copies and cfg.zero_stage >= 2:  # as the lowering refuses it (simtrain.lowering.zero.check_zero)
+        return "schedule_rules", 0.0, (f"ZeRO-{cfg.zero_stage} with {cfg.schedule}: the schedule keeps two copies "
+                                       "of each model chunk, which ZeRO-2/3 cannot shard per microbatch")
     try:
         if num_chunks > req.model.num_layers:
             split_layers(req.model.num_layers, num_chunks)  # raises the model's own message

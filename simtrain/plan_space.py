@@ -90,7 +90,7 @@ def enumerate_space(req: PlanRequest) -> Iterator[tuple[Config, str | None]]:
                                         cfg = Config(tp, pp, dp, ep, vp, name, b, m if not rest else 0, rc, z, req.grad_reduce_dtype)
                                         if rest or m == 0:
                                             yield cfg, "batch_divisibility"
-                                        elif (z == 1 and dp == 1 and (moe is None or ep == tp)) or (vp > 1 and pp == 1) \
+                                        elif (z >= 1 and dp == 1 and (moe is None or ep == tp)) or (vp > 1 and pp == 1) \
                                                 or (ep == 1 and name.split("+")[0] in EP_PAIRED) \
                                                 or (pp == 1 and name in plain and name != one_stage):
                                             yield cfg, "redundant"

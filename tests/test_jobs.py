@@ -63,8 +63,8 @@ def test_torchtitan_job_maps_model_and_parallel():
     assert job.model.name == "llama3-70b"
     assert job.parallel == dict(tp=8, pp=4, dp=4, vp=2, ep=1, microbatch_size=1, microbatches=8, seq_len=8192,
                                 dtype="bf16", zero_stage=2, recompute="full", cp=1, cp_kind="allgather",
-                                fused_projections=False,  # torchtitan's separate wq, wk, wv and w1, w3
                                 grad_reduce_dtype="fp32", zero_impl="fsdp2")  # FSDP2 with PP; reduced in float32
+    assert job.ops_settings["fused_projections"] is False  # separate wq, wk, wv and w1, w3: priced by operator
     assert job.schedules == ["interleaved-1f1b"]  # torch's Interleaved1F1B
     assert any("ZeRO-2" in note for note in job.ignored) and "training.steps" in job.ignored
     assert not any(k.startswith("optimizer.") for k in job.ignored)  # never changes a step's cost

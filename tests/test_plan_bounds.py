@@ -156,7 +156,7 @@ def _planner_configs(draw):
     vp = draw(st.sampled_from([2, 4])) if REGISTRY[name].uses_vp else 1
     m = draw(st.integers(1, 24))
     return Config(tp, pp, dp, 1, vp, name, draw(st.sampled_from([1, 2, 4])), m,
-                  draw(st.sampled_from(["none", "selective", "full"])), draw(st.sampled_from([0, 1])))
+                  draw(st.sampled_from(["none", "selective", "full"])), draw(st.sampled_from([0, 1, 2, 3])))
 
 
 _PLAN_H100 = load_profile("h100-sxm")

@@ -94,8 +94,8 @@ def test_an_excluded_figure_is_printed_but_kept_out_of_the_median_and_max(tmp_pa
     with pytest.raises(ValueError):
         summarise([regressed])  # nothing left to judge
     # a judged training figure whose simulated peak exceeds HBM is counted (an excluded one is not)
-    over = Row("d", "w", "step_time_s", 1.0, 1.0, 0.0, peak_memory_gib=90.0, hbm_gib=80.0, fits_in_hbm=False)
-    fits = Row("e", "v", "step_time_s", 1.0, 1.0, 0.0, peak_memory_gib=70.0, hbm_gib=80.0, fits_in_hbm=True)
+    over = Row("d", "w", "step_time_s", 1.0, 1.0, 0.0, peak_memory_gib_max=90.0, hbm_gib=80.0, fits_in_hbm=False)
+    fits = Row("e", "v", "step_time_s", 1.0, 1.0, 0.0, peak_memory_gib_max=70.0, hbm_gib=80.0, fits_in_hbm=True)
     gone = dataclasses.replace(over, excluded="a regression")
     assert summarise(judged + [over, fits, gone])["over_hbm"] == 1 and summarise(judged)["over_hbm"] == 0
     data = yaml.safe_load(suite_path().read_text())
@@ -115,12 +115,12 @@ def test_validate_published_json_and_bad_flags(tmp_path, monkeypatch):
     assert len(rows) >= 10
     for r in rows:
         assert set(r) == {"case", "label", "metric", "published", "predicted", "error", "excluded", "kind",
-                          "peak_memory_gib", "hbm_gib", "fits_in_hbm"}  # README's keys
+                          "peak_memory_gib_max", "hbm_gib", "fits_in_hbm"}  # README's keys
         if r["kind"] == "training":
-            assert r["peak_memory_gib"] > 0 and r["hbm_gib"] > 0
-            assert r["fits_in_hbm"] == (r["peak_memory_gib"] <= r["hbm_gib"])
+            assert r["peak_memory_gib_max"] > 0 and r["hbm_gib"] > 0
+            assert r["fits_in_hbm"] == (r["peak_memory_gib_max"] <= r["hbm_gib"])
         else:
-            assert r["peak_memory_gib"] is None and r["fits_in_hbm"] is None
+            assert r["peak_memory_gib_max"] is None and r["fits_in_hbm"] is None
     excluded = [r for r in rows if r["excluded"] is not None]
     assert excluded and all("Megatron-Bridge#1998" in r["excluded"] for r in excluded)
     kinds = {r["case"]: r["kind"] for r in rows}

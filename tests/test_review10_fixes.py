@@ -41,7 +41,6 @@ def test_calibrate_refuses_or_takes_the_devices_memory():
 @pytest.mark.parametrize("hardware, parallel, args, needle", [
     ("h100-sxm", "{tp: 8, attention_kernel: fa4}", [],
      "error: s.yaml: field 'parallel.attention_kernel' = 'fa4': op_data.yaml has no measured rate"),
-    ("h100-pcie", "{tp: 8, kernels: eager}", [], "error: s.yaml: field 'parallel.kernels' = 'eager': prices the"),
     ("h100-sxm", "{tp: 8, recompute: mla_up}", [], "error: s.yaml: field 'parallel.recompute' = 'mla_up': llama3-8b has no"),
     ("h100-sxm", "{tp: 8, attention_kernel: fa2}", ["--attention", "unfused"],
      "error: s.yaml: field 'parallel.attention_kernel' = 'fa2': names a fused-attention kernel, and attention is "
@@ -105,7 +104,7 @@ def test_a_torchtitan_job_runs_with_fp8_gemms_under_compare(tmp_path):
     path.write_text(_TOML.format(converters='converters = ["float8"]', compile="[compile]\nenable = true"))
     res = invoke("compare", "--from-torchtitan", str(path), "--hardware", "h100-sxm", "--json")
     assert res.exit_code == 0, res.output
-    assert "with the per-operator cost model: kernels fused, fp8 gemms" in res.stderr
+    assert "with the per-operator cost model: kernels fused, fused_projections False, fp8 gemms" in res.stderr
     plain = tmp_path / "bf16.toml"
     plain.write_text(_TOML.format(converters="", compile="[compile]\nenable = true"))
     bf16 = invoke("compare", "--from-torchtitan", str(plain), "--hardware", "h100-sxm", "--json")

@@ -336,7 +336,7 @@ def _validate_published(cost_model: str, as_json: bool) -> None:
     out.print(f"memory: {len(over)} of {len(training)} judged training figures peak above their GPU's HBM "
               "(the runs ran, so each is a memory-model error)", markup=False, highlight=False)
     for r in over:
-        out.print(f"  over HBM: {r.case}, {r.label}: {r.peak_memory_gib:.1f} of {r.hbm_gib:.0f} GiB",
+        out.print(f"  over HBM: {r.case}, {r.label}: {r.peak_memory_gib_max:.1f} of {r.hbm_gib:.0f} GiB",
                   markup=False, highlight=False)
     for r in rows:
         if r.excluded:

@@ -154,7 +154,7 @@ def compare(
     if job and choice.model == "ops":  # what the job implies for the per-operator model only
         st = replace(st, parallel=job.for_cost_model(st.parallel, choice.model, st.hardware))
         choice = replace(choice, fp8=choice.fp8 or job.fp8)
-    check_kernels(choice, st.parallel)
+    check_kernels(choice, st.parallel, {k for k, v in overrides.items() if v is not None})
     check_dtype(st.hardware, st.parallel, choice.model == "ops", "dtype" not in st.parallel.model_fields_set, st.name)
     if breakdown is not None and choice.model != "ops":
         raise SimtrainError(f"--breakdown = {breakdown}: needs the per-operator cost model (--cost-model ops)")
@@ -366,17 +366,17 @@ def _print_breakdown(table: dict, schedule: str) -> None:
 
     t = Table(title=f"stage {table['stage']} ({schedule}): layers {table['layers'][0] if table['layers'] else '-'}"
                     f"..{table['layers'][-1] if table['layers'] else '-'}, per microbatch")
-    for col in ("operator", "bound", "F GFLOP", "F MB", "F ms", "I ms", "W ms"):
+    for col in ("operator", "bound", "F GFLOP", "F MB", "I MB", "W MB", "F ms", "I ms", "W ms"):
         t.add_column(col, justify="left" if col in ("operator", "bound") else "right")
     for o in table["operators"]:
-        t.add_row(o["name"], o["bound"], f"{o['flops'][0] / 1e9:,.1f}", f"{o['bytes'][0] / 1e6:,.1f}",
+        t.add_row(o["name"], o["bound"], f"{o['flops'][0] / 1e9:,.1f}", *(f"{b / 1e6:,.1f}" for b in o["bytes"]),
                   *(f"{s * 1e3:.3f}" for s in o["seconds"]))
-    t.add_row("total", "", "", "", *(f"{s * 1e3:.3f}" for s in table["total_s"]))
+    t.add_row("total", "", "", "", "", "", *(f"{s * 1e3:.3f}" for s in table["total_s"]))
     step = table["per_step"]
     for label, key in (("Adam", "adam_s"), ("grad norm + clipping", "grad_norm_clip_s"),
                        ("tied-embedding sync", "tied_embedding_sync_s")):
         if step[key]:
-            t.add_row(f"per step: {label}", "comm" if key.startswith("tied") else "memory", "", "", "", "",
+            t.add_row(f"per step: {label}", "comm" if key.startswith("tied") else "memory", *[""] * 6,
                       f"{step[key] * 1e3:.3f}")
     out.print(t)
 
@@ -409,9 +409,8 @@ def _print_summary(reports: list[Report], subtitle: str) -> None:
 
     from ..viz.tables import summary_columns
 
-    table = Table(title=subtitle)
-    ep = any(r.a2a_s > 0 for r in reports)  # the EP columns already fill the width: HFU stays in JSON/HTML
-    cols = [c for c in summary_columns(reports) if c.cli is not None and not (ep and c.key == "hfu")]
+    table = Table(title=subtitle, collapse_padding=True)  # one space between columns: the EP columns fit too
+    cols = [c for c in summary_columns(reports) if c.cli is not None]
     for c in cols:
         table.add_column(c.cli, justify="left" if c.key == "schedule" else "right", no_wrap=c.key == "schedule")
     for r in reports:

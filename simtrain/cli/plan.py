@@ -113,7 +113,7 @@ def plan(
         help="recompute modes to try: levels none, selective, full (comma-separated), or a module list as "
              "simtrain compare takes it (norm,swiglu; per-operator cost model); repeat the flag to try "
              "several lists")] = ["none,selective,full"],
-    zero_stages: Annotated[str, typer.Option(help="ZeRO stages to try: 0, 1")] = "0,1",
+    zero_stages: Annotated[str, typer.Option(help="ZeRO stages to try, comma-separated: 0, 1, 2, 3")] = "0,1",
     top: Annotated[int, typer.Option(help="how many of the best to show (K)", min=1)] = 5,
     cost_model: Annotated[str, typer.Option(
         help="compute cost model, as simtrain compare's: auto (ops where the profile has kernel tables, else "
@@ -146,7 +146,7 @@ def plan(
         model=spec, hardware=hw, gpus=gpus, global_batch=global_batch,
         seq_len=seq_len, schedules=_schedules(schedules), objective=objective, max_tp=max_tp,
         recompute=modes,
-        zero_stages=tuple(int(z) for z in _split_list(zero_stages, "--zero-stages", ["0", "1"])), top=top,
+        zero_stages=tuple(int(z) for z in _split_list(zero_stages, "--zero-stages", ["0", "1", "2", "3"])), top=top,
         cost=replace(parse_cost_choice(cost_model, next(filter(None, map(recompute_modules, modes)), None), fp8,
                                        hw.attention_kernel(attention), hw), recompute=None), max_tasks=max_tasks,
         grad_reduce_dtype=grad_reduce_dtype)

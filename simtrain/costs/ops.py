@@ -180,7 +180,7 @@ def _attention(ctx: _Ctx) -> list[OpCost]:
         secs = (work / ctx.rates.attention_flops_per_s(s_q, hd, dtype, kernel),
                 BACKWARD_FLOPS_PER_FORWARD * work / ctx.rates.attention_flops_per_s(s_q, hd, dtype, kernel, backward=True),
                 0.0)
-        return [OpCost("attention", (counted, 2 * counted, 0.0), (0.0, 0.0, 0.0), secs, "compute")]
+        return [OpCost("attention", (counted, 2 * counted, 0.0), _flash_bytes(ctx, heads), secs, "compute")]
     ops = []
     core = dataclasses.replace(ctx, gemm_dtype=None)  # attention stays in the compute dtype
     sq = ctx.tokens // b  # this rank's queries per sequence (all of them without CP)
@@ -195,6 +195,19 @@ def _attention(ctx: _Ctx) -> list[OpCost]:
     if m.dropout:
         ops.append(_memory("attn_dropout", (2 * e + 1) * scores, (2 * e + 1) * scores, ctx))
     return ops
+
+
+def _flash_bytes(ctx: _Ctx, heads: float) -> tuple[float, float, float]:
+    """HBM bytes a fused attention kernel must move (each tensor once; shown, not priced: its
+    measured rate already includes them): F reads Q, K, V and writes O and the fp32 log-sum-exp;
+    I reads Q, K, V, O, dO and the log-sum-exp and writes dQ, dK, dV (Dao 2023 §3.1-3.2). K and V:
+    the KV heads on this rank, for every key its queries see (``s``; Ulysses: ``s`` at ``1/cp`` of them)."""
+    m, e, p = ctx.model, ctx.elem, ctx.parallel
+    q, o = ctx.tokens * heads * m.q_head_dim * e, ctx.tokens * heads * m.v_head_dim * e
+    keys = p.microbatch_size * ctx.seq / (p.cp if p.cp_kind == "ulysses" else 1)
+    kv = keys * m.kv_heads / p.tp * (m.q_head_dim + m.v_head_dim) * e
+    lse = ctx.tokens * heads * 4
+    return (q + kv + o + lse, 2 * (q + kv) + 2 * o + lse, 0.0)
 
 
 def _layer_ops(ctx: _Ctx, layer: int) -> list[OpCost]:

@@ -147,6 +147,14 @@ def every_second_mm_stored_bytes(model, layer: int, tp: int, sequence_parallel: 
     ``wo`` and ``w2``, split over TP). ``abs``/``max`` (Float8 scales) are one value per tensor:
     not counted. The count assumes linear layers without bias (``aten.mm``, not ``addmm``).
 
+    Why it frees little under TP with sequence parallelism (review 11): ``w2`` is the 7th mm, so
+    it is saved, and under DTensor's ``RowwiseParallel`` its mm output is the ``Partial(sum)``
+    tensor before the reduce-scatter, ``h`` elements per token of the whole sequence, while the
+    reduce-scatter's output (``h / tp``, sequence-sharded) is saved as well. torch's own selective
+    checkpoint on torchtitan's block and TP plan stores exactly this count
+    (``tests/data/sac_tp_saved.py``, torch 2.13 on CPU with the fake process group; checked in
+    ``tests/test_review11_fixes.py``).
+
     Args:
         model: a dense model with separate Q, K and V projections.
         layer: the layer index.

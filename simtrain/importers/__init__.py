@@ -30,7 +30,7 @@ class ImportedJob:
         given: the ``parallel`` keys the command line set (shown as such in :meth:`summary`).
         flag: the command-line flag that read the file (``--from-megatron``), for messages.
         ops_settings: ``parallel`` fields the job implies that only the per-operator cost model
-            prices (``kernels``), applied by :meth:`for_cost_model` when it runs.
+            prices (``kernels``, ``fused_projections``), applied by :meth:`for_cost_model` when it runs.
         attention_by_kind: the fused-attention kernel the job runs per GPU kind of
             :mod:`simtrain.costs.kernels` (``{"sm_90": "fa2"}``), applied likewise.
         fp8: ``gemms`` when the job runs its linear layers' GEMMs in FP8 (compare's ``--fp8``).

@@ -185,8 +185,7 @@ def read_torchtitan_toml(path: Path, given: dict | None = None) -> ImportedJob:
                     zero_stage=_fsdp_stage(p.get("fsdp_reshard_after_forward", "default"), pp) if shard != 1 else 0,
                     recompute=j.section("activation_checkpoint").get("mode", "selective"),
                     cp=j.int("parallelism", "context_parallel_degree", 1),
-                    cp_kind=j.choice("parallelism", "context_parallel_rotate_method", "allgather", _ROTATE),
-                    fused_projections=False)  # separate wq, wk, wv; w1, w3 (simtrain.costs.projections)
+                    cp_kind=j.choice("parallelism", "context_parallel_rotate_method", "allgather", _ROTATE))
     if parallel["cp"] > 1:
         parallel["cp_impl"] = "torch"  # torch's context_parallel: fp32 merges, every head's K/V (simtrain.costs.cp_merge)
     if shard != 1:
@@ -200,7 +199,8 @@ def read_torchtitan_toml(path: Path, given: dict | None = None) -> ImportedJob:
     ignored = notes + [f"{sec}.{k}" for sec, table in job.items() if sec not in _SILENT and isinstance(table, dict)
                        for k in table if k not in _READ.get(sec, set())]
     return ImportedJob(str(path), model, parallel, [schedule], mapped, ignored, _FIELDS, set(given), "--from-torchtitan",
-                       dict(kernels=_kernels(j)), dict(_ATTENTION), "gemms" if "float8" in converters else None)
+                       dict(kernels=_kernels(j), fused_projections=False),  # separate wq, wk, wv; w1, w3
+                       dict(_ATTENTION), "gemms" if "float8" in converters else None)
 
 
 _ATTENTION = {"sm_90": "fa2", "sm_80": "fa2"}

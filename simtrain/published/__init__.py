@@ -159,10 +159,11 @@ class Row:
     ``label`` names the figure within its case; ``excluded`` is the reason a figure is kept out of
     :func:`summarise` (:class:`FigureFile`), None for every judged figure.
 
-    For a training figure, ``peak_memory_gib`` is the simulated step's highest peak over its
-    pipeline ranks (GiB), ``hbm_gib`` the GPU's HBM (GiB) and ``fits_in_hbm`` whether the peak is
-    within it; a published run ran, so a figure that does not fit is a memory-model error, whatever
-    its metric. None for a collective figure."""
+    For a training figure, ``peak_memory_gib_max`` is the simulated step's highest peak over all
+    its pipeline ranks (GiB), whatever rank the figure names (a ``peak_memory_gib`` figure of
+    ``rank`` 7 predicts rank 7's peak, which may be lower), ``hbm_gib`` the GPU's HBM (GiB) and
+    ``fits_in_hbm`` whether that highest peak is within it; a published run ran, so a figure that
+    does not fit is a memory-model error, whatever its metric. None for a collective figure."""
 
     case: str
     label: str
@@ -171,7 +172,7 @@ class Row:
     predicted: float
     error: float
     excluded: str | None = None
-    peak_memory_gib: float | None = None
+    peak_memory_gib_max: float | None = None
     hbm_gib: float | None = None
     fits_in_hbm: bool | None = None
 
@@ -323,7 +324,7 @@ def run_suite(runtime: Runtime | None = None, path: Path | None = None,
                 raise SimtrainError(f"{where}: {exc}") from None
             predicted = _predict(fig.metric, run, model, parallel, hw, case, fig)
             rep = run.report
-            memory = dict(peak_memory_gib=max(rep.peak_memory_bytes) / GiB, hbm_gib=rep.hbm_bytes / GiB,
+            memory = dict(peak_memory_gib_max=max(rep.peak_memory_bytes) / GiB, hbm_gib=rep.hbm_bytes / GiB,
                           fits_in_hbm=rep.fits_in_hbm)
         rows.append(Row(case.name, fig.label, fig.metric, fig.value, predicted, predicted / fig.value - 1,
                         fig.excluded, **memory))
@@ -396,16 +397,17 @@ def over_hbm(rows: list[Row]) -> list[Row]:
 
 def rows_table(rows: list[Row], title: str):
     """A rich table of ``rows`` (case, figure, metric, published, predicted, error, and a training
-    figure's simulated peak over its HBM in GiB, marked ``OVER`` where it does not fit); an
-    excluded figure's error is shown in parentheses (kept out of the statistics)."""
+    figure's simulated highest peak over all its ranks, over its HBM in GiB, marked ``OVER`` where it
+    does not fit: column ``max peak/HBM GiB``, whatever rank a memory figure names); an excluded
+    figure's error is shown in parentheses (kept out of the statistics)."""
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("case", "figure", "metric", "published", "predicted", "error", "peak/HBM GiB"):
+    for col in ("case", "figure", "metric", "published", "predicted", "error", "max peak/HBM GiB"):
         table.add_column(col, justify="left" if col in ("case", "figure", "metric") else "right")
     for r in rows:
-        memory = "" if r.peak_memory_gib is None else (
-            f"{r.peak_memory_gib:.1f}/{r.hbm_gib:.0f}" + ("" if r.fits_in_hbm else " OVER"))
+        memory = "" if r.peak_memory_gib_max is None else (
+            f"{r.peak_memory_gib_max:.1f}/{r.hbm_gib:.0f}" + ("" if r.fits_in_hbm else " OVER"))
         table.add_row(r.case, r.label, r.metric, _figure(r.published), _figure(r.predicted),
                       f"{r.error:+.1%}" if r.excluded is None else f"({r.error:+.1%})", memory)
     return table

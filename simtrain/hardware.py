@@ -131,6 +131,9 @@ class HardwareProfile:
         overlap_sends: ``"per_half"`` or ``"after_pair"``: when a pair's p2p sends leave.
         overlap_tp: ``"blocking"`` or ``"hidden"``: whether a dense pair's TP collectives hold
             its compute stream or run beside the other half (``overlap.tp``; :mod:`simtrain.lowering.chains`).
+        tp_exposed_fraction: with ``tp_overlap``, the share of an action's TP collectives the
+            overlapped GEMMs never hide (``overlap.tp_exposed_fraction``; units-free, 0 to 1;
+            :func:`simtrain.lowering.chains.tp_seconds`).
         sms: streaming multiprocessors per GPU (datasheet), or None where the profile does not
             say (then EP communication kernels take no SMs from compute: :mod:`simtrain.costs.ep_sms`).
         nccl_channels: ``(within one node, across nodes)``: the CTAs (SMs) of one large NCCL
@@ -172,6 +175,7 @@ class HardwareProfile:
     overlap_compute_factor: float = 1.0
     overlap_sends: Literal["per_half", "after_pair"] = "after_pair"
     overlap_tp: Literal["blocking", "hidden"] = "blocking"
+    tp_exposed_fraction: float = 0.0
     sms: int | None = None
     nccl_channels: tuple[int, int] | None = None
     path: Path | None = None
@@ -313,6 +317,7 @@ def profile_from_file_model(pf: ProfileFile, path: Path | None = None) -> Hardwa
         overlap_compute_factor=pf.overlap.compute_factor,
         overlap_sends=pf.overlap.sends,
         overlap_tp=pf.overlap.tp,
+        tp_exposed_fraction=pf.overlap.tp_exposed_fraction,
         sms=pf.sms,
         nccl_channels=None if pf.nccl_channels is None else (pf.nccl_channels.intra_node, pf.nccl_channels.inter_node),
         path=path,

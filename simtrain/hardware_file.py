@@ -146,6 +146,13 @@ class OverlapFile(_Strict):
         "the other half's compute (a custom overlapped_forward_backward that issues them on a "
         "side stream; no public implementation is cited)",
     )
+    tp_exposed_fraction: bounded(ge=0.0, le=1.0) = Field(
+        default=0.0,
+        description="with --tp-overlap, the share of the TP collectives that stays exposed even "
+        "when the GEMMs are longer (the pipelined chunks the GEMMs cannot cover); units-free. "
+        "Measured per GPU kind from kernel-level overlapped AllGather+GEMM / GEMM+ReduceScatter "
+        "times (simtrain.lowering.chains.tp_seconds); 0: the overlap hides all of it",
+    )
 
 
 class LinearPointFile(_Strict):

@@ -294,8 +294,8 @@ class ParallelConfig(NumbersNotBooleans):
             (``--tp-comm-overlap``, Transformer Engine userbuffers; see
             :func:`simtrain.lowering.chains.tp_seconds`).
         tp_overlap_fraction: with ``tp_overlap``, the fraction of an action's compute time that
-            can hide its TP collectives (units-free, 0 to 1; default 1: full overlap, limited only
-            by the compute time).
+            can hide its TP collectives (units-free, 0 to 1; default 1: full overlap, limited by
+            the compute time and by the profile's measured ``tp_exposed_fraction``).
         hardware_queues: CUDA_DEVICE_MAX_CONNECTIONS, the hardware work queues a rank's streams
             share (CUDA C++ Programming Guide, "CUDA Environment Variables": 1 to 32, default 8).
             None: every stream on a queue of its own (simtrain's ranks use at most seven streams,

@@ -30,7 +30,8 @@ _UNITS = (("_tb_per_s", "TB/s (1e12 bytes/s)"), ("_gb_per_s", "GB/s (1e9 bytes/s
           ("_us", "µs"), ("tflops", "TFLOP/s (1e12 FLOP/s)"), ("_bytes", "bytes"), ("_s", "s"))
 _SPECIAL_UNITS = {"op_times": "s (F, I, W)", "seq_len": "tokens", "microbatch_size": "sequences",
                   "expert_imbalance": "ratio (max / mean)", "efficiency.matmul": "fraction of peak",
-                  "efficiency.link": "fraction of nominal", "overlap.compute_factor": "ratio"}
+                  "efficiency.link": "fraction of nominal", "overlap.compute_factor": "ratio",
+                  "overlap.tp_exposed_fraction": "fraction of the TP collectives"}
 
 
 def _recompute_values() -> tuple[str, dict[str, Any]]:

@@ -65,7 +65,8 @@ def memory(a: Action, c: ChunkCost, rank: int, forward_only: bool) -> tuple[list
 def tp_seconds(c: ChunkCost, kind: str, topology: Topology, rank: int) -> float:
     """Exposed seconds of the TP collectives chunk ``c`` declares for an action of ``kind`` on
     ``rank``: all of their priced time, or with ``parallel.tp_overlap`` what the action's compute
-    does not hide, ``tp - min(tp, tp_overlap_fraction x compute)``.
+    does not hide, ``max(tp - tp_overlap_fraction x compute, e x tp)`` with ``e`` the profile's
+    ``tp_exposed_fraction`` (0 where the profile has no measurement: ``tp - min(tp, ...)``).
 
     TP overlap is Megatron-LM's ``--tp-comm-overlap`` (Transformer Engine's userbuffers): each
     sequence-parallel all-gather and reduce-scatter is split into chunks pipelined with the chunks
@@ -74,13 +75,18 @@ def tp_seconds(c: ChunkCost, kind: str, topology: Topology, rank: int) -> float:
     "Overlap Communication with Dependent Computation via Decomposition", ASPLOS), so the
     collective costs only what the GEMMs cannot cover: the window is ``tp_overlap_fraction`` x the
     action's linear-GEMM seconds (:func:`gemm_window_s`; default 1: full overlap, limited by the
-    GEMM time). The slowdown of a GEMM sharing its SMs with the communication kernels is not
-    modelled (lower ``tp_overlap_fraction`` to account for it).
+    GEMM time). Even GEMMs longer than the collective leave part of it exposed: the chunk
+    that must arrive before the first GEMM chunk, the one reduced after the last, and the
+    GEMM's slowdown from the SMs given to communication. The profile's ``tp_exposed_fraction``
+    is that share, measured at kernel level (ByteDance FLUX, ``docs/performance_report.md``:
+    8 GPUs, TP 8, M 4096, K 12288, N 49152 overlapped vs GEMM alone vs NCCL alone; see
+    ``docs/published_validation.md``, "TP overlap: the exposed share").
     """
     declared = {"F": c.tp_forward, "B": c.tp_backward, "I": c.tp_backward}.get(kind, ())
     seconds = sum(topology.seconds(x, rank) for x in declared)
     if topology.parallel.tp_overlap:
-        seconds -= min(seconds, topology.parallel.tp_overlap_fraction * gemm_window_s(c, kind))
+        hidden = topology.parallel.tp_overlap_fraction * gemm_window_s(c, kind)
+        seconds = max(seconds - hidden, topology.hardware.tp_exposed_fraction * seconds, 0.0)
     return seconds
 
 

@@ -280,6 +280,8 @@ class ParallelConfig(NumbersNotBooleans):
             or ``tp-dp-pp`` (PP outermost: Megatron-Core's order with EP, and DeepSpeed's
             ``PipeModelDataParallelTopology``, axes ``['pipe', 'data', 'model']``, which BLOOM's
             Megatron-DeepSpeed uses). None: ``tp-dp-pp`` when ``ep > 1``, else ``tp-pp-dp``.
+            Megatron-LM, NeMo and Megatron-Bridge runs should set ``tp-dp-pp`` (their default,
+            unless ``use_tp_pp_dp_mapping``); with TP < GPUs per node it decides which GPUs share one.
         trainable: which parameters train (:mod:`simtrain.costs.trainable`): ``all``;
             ``lora:RANK`` (every linear layer's base weight frozen, a rank-RANK adapter trains;
             Hu et al. 2021, "LoRA", §4); ``frozen-layers:LIST`` (the listed transformer layers,

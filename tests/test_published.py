@@ -43,6 +43,24 @@ def test_megatron_bridge_figures_run_on_the_gpus_their_rows_name():
         assert p.tp * p.pp * p.cp * p.dp == gpus, fig.label
         assert (p.dp * p.tp) % p.ep == 0, fig.label
 
+def test_every_megatron_family_case_sets_the_rank_order_its_source_uses():
+    """Megatron-LM, Megatron-Core, NeMo and Megatron-Bridge number ranks with PP outermost unless told
+    otherwise, which is not simtrain's default without EP: every case run on them (named megatron-*,
+    nemo-*, mlperf-*, korthikanti-*) sets rank_order on every figure, and an assumption that names
+    the order (``rank_order X``) names the one the case runs."""
+    import re
+
+    from simtrain.published import _parallel_of
+
+    family = [c for c in load_suite().cases if re.search(r"megatron|nemo|mlperf|korthikanti", c.name)]
+    assert len(family) >= 20
+    for case in family:
+        orders = {_parallel_of(case, fig, fig.label).rank_order for fig in case.figures}
+        assert None not in orders, case.name
+        named = set(re.findall(r"rank_order (tp-[a-z]+-[a-z]+)", " ".join(case.assumptions)))
+        assert named <= orders, (case.name, named, orders)
+
+
 def test_rows_are_predicted_per_figure_with_the_relative_error():
     rows = run_suite(cases=["R1-megatron-175b"])
     assert [r.published for r in rows] == [153, 149, 141]

@@ -396,6 +396,25 @@ def test_the_mlperf_result_log_cases_run_their_submissions_layouts_and_fit_in_hb
     assert len(rows) == 17 and all(r.fits_in_hbm for r in rows)
 
 
+
+def test_the_mlperf_cases_overlap_the_parameter_all_gather_and_cite_where_their_configs_say_so():
+    """Every MLPerf GPT-3 / Llama 3.1 405B case ran a distributed optimizer whose parameter
+    all-gather overlaps the next step's forwards (Apex ``overlap_param_sync`` True by default in
+    run_and_time.sh / ``distributed_fused_adam.yaml``; ``OVERLAP_PARAM_GATHER=True`` in the
+    Llama config_common.sh): each figure's settings carry ``overlap_param_gather`` on ZeRO-1, and
+    the case says where it comes from in an assumption line."""
+    from simtrain.published import _parallel_of
+
+    suite = {c.name: c for c in load_suite().cases}
+    for name in ["mlperf-v3.1-gpt3-175b-h100", *MLPERF_LOG_CASES]:
+        case = suite[name]
+        for fig in case.figures:
+            p = _parallel_of(case, fig, fig.label)
+            assert p.overlap_param_gather and p.zero_stage == 1, fig.label
+        assert any(a.startswith("parameter all-gather overlapped with the next step's forwards")
+                   for a in case.assumptions), name
+
+
 def test_rank_order_moves_a_tp4_mlperf_row_but_not_a_tp8_one(tmp_path):
     """NeMo's order (PP outermost, ``tp-dp-pp``) against simtrain's default ``tp-pp-dp``: with TP 4 on
     8-GPU nodes the order decides which GPUs share a node, so the GPT-3 step moves; with TP 8 a

@@ -32,10 +32,18 @@ def test_megatron_arguments_map_model_and_parallel():
     assert m.total_params - preset.total_params == 2 * (129024 - 128256) * 8192
     # 64 GPUs (torchrun --nnodes 8 --nproc-per-node 8) / (tp 8 x pp 4) = dp 2; 32 sequences / (1 x 2) = 16
     assert job.parallel == dict(tp=8, pp=4, dp=2, vp=2, ep=1, microbatch_size=1, microbatches=16, seq_len=8192,
-                                dtype="bf16", zero_stage=1, sequence_parallel=True, recompute="full")
+                                dtype="bf16", zero_stage=1, sequence_parallel=True, recompute="full",
+                                rank_order="tp-dp-pp")  # Megatron-Core's tp-cp-ep-dp-pp: pipeline stage outermost
     assert job.schedules == ["interleaved-1f1b"]
     assert {"--overlap-grad-reduce", "--lr", "--data-path"} <= set(job.ignored)
     assert "--num-layers 80" in job.mapped
+
+
+def test_megatron_tp_pp_dp_mapping_flag_sets_the_rank_order(tmp_path):
+    path = tmp_path / "args.txt"
+    path.write_text((JOBS / "megatron_llama3_70b.txt").read_text() + "\n--use-tp-pp-dp-mapping\n")
+    job = read_megatron_args(path)
+    assert job.parallel["rank_order"] == "tp-pp-dp" and "--use-tp-pp-dp-mapping" not in job.ignored
 
 
 def test_megatron_unfused_rope_and_bias_dropout_flags_map_to_their_fields(tmp_path):

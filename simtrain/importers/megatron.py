@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     for name in ["swiglu", "group-query-attention", "disable-bias-linear", "untie-embeddings-and-output-weights",
                  "use-rotary-position-embeddings", "sequence-parallel", "use-distributed-optimizer", "bf16", "fp16",
                  "multi-latent-attention", "qk-layernorm", "moe-router-enable-expert-bias", "recompute-activations",
-                 "no-rope-fusion", "no-bias-dropout-fusion"]:
+                 "no-rope-fusion", "no-bias-dropout-fusion", "use-tp-pp-dp-mapping"]:
         p.add_argument(f"--{name}", action="store_true")
     return p
 
@@ -133,7 +133,8 @@ _FIELDS = dict(tp="--tensor-model-parallel-size", pp="--pipeline-model-parallel-
                dtype="--bf16/--fp16/--fp8-format", zero_stage="--use-distributed-optimizer",
                sequence_parallel="--sequence-parallel", recompute="--recompute-granularity",
                cp="--context-parallel-size", cp_kind="--cp-comm-type", rope_fusion="--no-rope-fusion",
-               bias_dropout_fusion="--no-bias-dropout-fusion")
+               bias_dropout_fusion="--no-bias-dropout-fusion",
+               rank_order="Megatron-Core's rank order (--use-tp-pp-dp-mapping)")
 """simtrain's parallel field -> the Megatron-LM flag (or the rule) it comes from, for messages."""
 
 CP_KINDS = {"p2p": "ring", "a2a": "ulysses", "allgather": "allgather"}
@@ -213,6 +214,14 @@ def _microbatches(a: argparse.Namespace, given: dict, mbs: int, dp: int, where: 
     return gbs // (mbs * dp)
 
 
+def _rank_order(a: argparse.Namespace) -> str:
+    """Megatron-Core's rank numbering as simtrain's ``rank_order``: ``tp-cp-ep-dp-pp`` (pipeline
+    stage outermost, ``tp-dp-pp``) unless ``--use-tp-pp-dp-mapping`` asks for ``tp-cp-ep-pp-dp``
+    (``tp-pp-dp``); Megatron-LM ``arguments.py`` / ``parallel_state.initialize_model_parallel``'s
+    ``order``, as the published Megatron-family cases cite it (``simtrain/published/runs.yaml``)."""
+    return "tp-pp-dp" if a.use_tp_pp_dp_mapping else "tp-dp-pp"
+
+
 def _context_parallel(a: argparse.Namespace, cp: int, where: str) -> dict:
     if cp == 1 and a.cp_comm_type is None:
         return {}
@@ -259,7 +268,7 @@ def read_megatron_args(path: Path, given: dict | None = None) -> ImportedJob:
                     dtype=next((d for flag, d in _DTYPES if getattr(a, flag)), "fp32"),
                     zero_stage=1 if a.use_distributed_optimizer else 0, sequence_parallel=a.sequence_parallel,
                     recompute=a.recompute_granularity or ("selective" if a.recompute_activations else "none"),
-                    **_context_parallel(a, cp, where))
+                    rank_order=_rank_order(a), **_context_parallel(a, cp, where))
     # Megatron-LM's --no-rope-fusion / --no-bias-dropout-fusion (arguments.py: apply_rope_fusion,
     # bias_dropout_fusion) run those kernels unfused, as simtrain's fields of the same names price them
     parallel.update({k: False for k, flag in (("rope_fusion", "no_rope_fusion"),

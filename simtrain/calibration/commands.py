@@ -326,8 +326,7 @@ def _validate_published(cost_model: str, as_json: bool) -> None:
         left_out = f" ({s['excluded']} excluded)" if s["excluded"] else ""
         out.print(f"{what}: median |error| = {s['median_abs_error']:.1%}, max |error| = {s['max_abs_error']:.1%} "
                   f"over {s['figures']} figures from {s['cases']} cases{left_out}")
-    s = summarise(rows)
-    if s["speed_figures"]:
+    if s["speed_figures"]:  # s: the last line's summary, of all rows
         out.print(f"speed: predicted faster than published on {s['too_fast']} and slower on {s['too_slow']} of "
                   f"{s['speed_figures']} judged speed figures; median signed speed error "
                   f"{s['median_speed_error']:+.1%} (> 0: optimistic)", markup=False, highlight=False)
